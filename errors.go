@@ -1,0 +1,126 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Stores and adapters return these (wrapped with %w) so that
+// callers can branch with errors.Is whatever the backend is.
+var (
+	// ErrInvalidKey: the key is empty or longer than MaxKeyLen. Returned
+	// before any I/O; nothing is stored.
+	ErrInvalidKey = errors.New("idem: invalid key")
+	// ErrInvalidArgument: a lease, TTL, token, fingerprint, result, cause or
+	// namespace is out of range. Returned before any I/O; nothing is stored.
+	ErrInvalidArgument = errors.New("idem: invalid argument")
+	// ErrNotFound: no live record for the key (never claimed, deleted, or
+	// past its retention).
+	ErrNotFound = errors.New("idem: record not found")
+	// ErrFenced: the token presented is not the record's current token, or
+	// the record is no longer in a state that token may change. Nothing was
+	// changed.
+	ErrFenced = errors.New("idem: fenced: stale token")
+	// ErrInProgress: another worker holds a live lease on the key. Do not
+	// ack the message as done; retry after the lease ends.
+	ErrInProgress = errors.New("idem: in progress")
+	// ErrFailed: the key was marked failed for good (attempts exhausted or a
+	// permanent error); dead-letter instead of retrying.
+	ErrFailed = errors.New("idem: failed permanently")
+	// ErrFingerprintMismatch: the key was first claimed with another payload
+	// fingerprint. Never replay another message's result.
+	ErrFingerprintMismatch = errors.New("idem: fingerprint mismatch")
+	// ErrUnavailable: the store could not be reached; the operation was not
+	// applied. The guard fails closed on it unless fail-open is set.
+	ErrUnavailable = errors.New("idem: store unavailable")
+	// ErrUnknownOutcome: the request may or may not have been applied (a
+	// timeout or a connection lost mid-commit). Read the record before
+	// deciding; never ack on it.
+	ErrUnknownOutcome = errors.New("idem: unknown outcome")
+	// ErrCapacity: a bounded store is full of live records. It refuses new
+	// keys rather than evict records that still guard against duplicates.
+	ErrCapacity = errors.New("idem: store at capacity")
+	// ErrClosed: the store or guard was closed.
+	ErrClosed = errors.New("idem: closed")
+	// ErrUnrecorded: the handler's effect happened but its completion could
+	// not be recorded after retries. The message may be acked (the effect is
+	// done), but a redelivery after the lease ends would run it again.
+	ErrUnrecorded = errors.New("idem: effect done but completion not recorded")
+	// ErrLeaseLost: the heartbeat found the claim taken over or gone; the
+	// handler's context is cancelled with this cause.
+	ErrLeaseLost = errors.New("idem: lease lost")
+)
+
+// InProgressError is returned by the guard when another worker holds the
+// key. It matches ErrInProgress.
+type InProgressError struct {
+	Key        []byte
+	LeaseUntil time.Time
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("idem: key %q in progress until %s", truncKey(e.Key), e.LeaseUntil.Format(time.RFC3339Nano))
+}
+
+// Is reports a match with ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// RetryAfter is how long until the holder's lease ends, measured from now
+// (at least one millisecond).
+func (e *InProgressError) RetryAfter(now time.Time) time.Duration {
+	d := e.LeaseUntil.Sub(now)
+	if d < time.Millisecond {
+		d = time.Millisecond
+	}
+	return d
+}
+
+// FailedError is returned when the key is in the terminal failed state. It
+// matches ErrFailed.
+type FailedError struct {
+	Key      []byte
+	Cause    string
+	Attempts int
+}
+
+func (e *FailedError) Error() string {
+	return fmt.Sprintf("idem: key %q failed after %d attempt(s): %s", truncKey(e.Key), e.Attempts, e.Cause)
+}
+
+// Is reports a match with ErrFailed.
+func (e *FailedError) Is(target error) bool { return target == ErrFailed }
+
+// HandlerError wraps an error returned (or a panic raised) by the user's
+// handler, so callers can tell a handler failure from a store failure.
+type HandlerError struct{ Err error }
+
+func (e *HandlerError) Error() string { return "idem: handler: " + e.Err.Error() }
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent marks a handler error as not worth retrying: the guard marks the
+// key failed at once instead of releasing it.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
+
+func truncKey(k []byte) []byte {
+	if len(k) > 64 {
+		return k[:64]
+	}
+	return k
+}

@@ -1,0 +1,3 @@
+module github.com/idem-dev/idem
+
+go 1.26

@@ -1,0 +1,7 @@
+module github.com/idem-dev/idem/natsbroker
+
+go 1.26
+
+require github.com/idem-dev/idem v0.0.0
+
+replace github.com/idem-dev/idem => ../
