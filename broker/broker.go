@@ -1,0 +1,77 @@
+// Package broker is idem's broker-neutral message model: what every broker
+// adapter (Kafka, NATS JetStream, RabbitMQ, Redis Streams, RocketMQ, MQTT)
+// produces and consumes, so the consumer runtime and the shared broker
+// conformance suite (brokertest) work with any of them.
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Well-known header names carried on every message idem publishes.
+const (
+	// HeaderMessageID carries the producer-fixed message id where the
+	// broker has no native field for it (JetStream also sets Nats-Msg-Id).
+	HeaderMessageID = "idem-message-id"
+	// HeaderTraceParent and HeaderTraceState carry W3C trace context.
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+)
+
+// ErrClosed is returned by a closed publisher or subscriber.
+var ErrClosed = errors.New("broker: closed")
+
+// Message is one delivery. ID is fixed by the producer before the first send
+// (never generated at delivery time), so every redelivery of the same
+// message has the same ID.
+type Message struct {
+	ID          string
+	Topic       string
+	Key         []byte            // partition / ordering key, may be nil
+	Headers     map[string]string // may be nil
+	Payload     []byte
+	Delivery    int // 1 on the first delivery, as far as the broker counts
+	PublishedAt time.Time
+
+	// Acker settles this delivery. Set by the subscriber; nil on messages
+	// being published.
+	Acker Acker
+}
+
+// Acker settles one delivery. After Ack, Nak or Term the delivery is settled
+// and further calls return nil without effect.
+type Acker interface {
+	// Ack: the effect is durable; the broker must not redeliver.
+	Ack(ctx context.Context) error
+	// Nak: not done; redeliver after at least delay (0: soon).
+	Nak(ctx context.Context, delay time.Duration) error
+	// Term: never redeliver (poison message, already dead-lettered).
+	Term(ctx context.Context, reason string) error
+	// InProgress tells the broker the handler is still working so it does
+	// not redeliver yet. A no-op where the broker has no such notion.
+	InProgress(ctx context.Context) error
+}
+
+// Publisher sends messages with the broker's reliable settings. Publish
+// returns only once the broker has durably accepted every message (acks=all,
+// publisher confirms, JetStream publish ack); an error means some may not
+// have been.
+type Publisher interface {
+	Publish(ctx context.Context, msgs ...*Message) error
+	Close() error
+}
+
+// Subscriber pulls deliveries for one consumer group / durable consumer.
+type Subscriber interface {
+	// Fetch blocks until at least one message is available or ctx is done,
+	// and returns at most max messages. It returns ctx's error when ctx ends
+	// first and ErrClosed after Close.
+	Fetch(ctx context.Context, max int) ([]*Message, error)
+	// RedeliveryWindow is the longest time the broker may take to redeliver
+	// an unsettled message (ack wait times max deliveries, retry topics...),
+	// so the guard can warn when record retention is shorter.
+	RedeliveryWindow() time.Duration
+	Close() error
+}
