@@ -1,0 +1,545 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Func is a handler guarded by a Guard. Its effect should be done when it
+// returns nil; the []byte it returns is stored and replayed to duplicates.
+// ctx is cancelled with cause ErrLeaseLost if the claim is lost while it runs.
+type Func func(ctx context.Context) ([]byte, error)
+
+// Result is what Do and Acquire report.
+type Result struct {
+	Value      []byte // the handler's result, or the stored one on a replay
+	Replayed   bool   // true: the key was already completed; the handler did not run
+	Token      uint64 // fencing token of the claim (of the completing claim on a replay)
+	Attempts   int    // claims of this key so far, this one included
+	FailedOpen bool   // true: the store failed and fail-open let the handler run unrecorded
+}
+
+// Guard runs handlers so that each key's effect happens once. It is safe for
+// concurrent use.
+type Guard struct {
+	store Store
+	batch BatchClaimer
+	cfg   guardConfig
+	hooks hookSet
+	log   *slog.Logger
+}
+
+// NewGuard returns a guard over store. It fails on an invalid option.
+func NewGuard(store Store, opts ...Option) (*Guard, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: guard: nil store", ErrInvalidArgument)
+	}
+	cfg := guardConfig{lease: DefaultLease, ttl: DefaultTTL, completeRetries: DefaultCompleteRetries}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.heartbeat == 0 {
+		cfg.heartbeat = cfg.lease / 3
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	if cfg.clock == nil {
+		cfg.clock = SystemClock{}
+	}
+	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks), log: cfg.logger}
+	g.batch, _ = store.(BatchClaimer)
+	if cfg.redelivery > 0 {
+		_ = g.CheckRedeliveryWindow(cfg.redelivery)
+	}
+	return g, nil
+}
+
+// Store returns the guard's store.
+func (g *Guard) Store() Store { return g.store }
+
+// CheckRedeliveryWindow returns an error, and logs a warning, when the
+// guard's TTL is shorter than window: a message redelivered after its record
+// expired would run again (invariant 6).
+func (g *Guard) CheckRedeliveryWindow(window time.Duration) error {
+	if g.cfg.ttl >= window {
+		return nil
+	}
+	g.log.Warn("idem: record TTL is shorter than the broker's redelivery window; late redeliveries will run again",
+		"ttl", g.cfg.ttl, "redelivery_window", window)
+	return fmt.Errorf("%w: ttl %s is shorter than the redelivery window %s", ErrInvalidArgument, g.cfg.ttl, window)
+}
+
+// Do runs fn at most once to completion per key:
+//
+//   - first time (or after a release or an expired lease): claims the key,
+//     runs fn while a heartbeat extends the lease, records fn's result;
+//   - already completed: returns the stored result with Replayed set, fn
+//     does not run;
+//   - held by a live lease elsewhere: *InProgressError (ErrInProgress):
+//     retry later, do not ack;
+//   - terminally failed: *FailedError (ErrFailed): dead-letter;
+//   - fn fails: the key is released (or marked failed once attempts are
+//     exhausted, or at once for a Permanent error) and the error is returned
+//     as a *HandlerError (joined with a *FailedError if it was marked failed);
+//   - the store fails: its error (fail closed), unless WithFailOpen.
+func (g *Guard) Do(ctx context.Context, key []byte, fn Func, opts ...CallOption) (Result, error) {
+	h, res, err := g.Acquire(ctx, key, opts...)
+	if err != nil || h == nil {
+		return res, err
+	}
+	val, ferr := h.run(ctx, fn)
+	if ferr != nil {
+		if rerr := h.Release(ctx, ferr); rerr != nil {
+			return res, errors.Join(&HandlerError{Err: ferr}, rerr)
+		}
+		return res, &HandlerError{Err: ferr}
+	}
+	if err := h.Complete(ctx, val); err != nil {
+		return res, err
+	}
+	res.Value = val
+	return res, nil
+}
+
+// Acquire claims key without running anything, for callers that drive the
+// effect themselves (batch consumers). On OutcomeAcquired it returns a Held
+// whose lease is kept alive by a heartbeat until Complete or Release; on a
+// replay it returns a nil Held and the stored result. Errors are as for Do.
+func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*Held, Result, error) {
+	var cc callConfig
+	for _, o := range opts {
+		o(&cc)
+	}
+	req := ClaimRequest{Key: key, Fingerprint: cc.fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}
+	if cc.lease != 0 {
+		req.Lease = cc.lease
+	}
+	if cc.ttl != 0 {
+		req.TTL = cc.ttl
+	}
+	var start time.Time
+	if g.hooks.timed() {
+		start = g.cfg.clock.Now()
+	}
+	c, err := g.store.Claim(ctx, req)
+	a := g.claimed(ctx, req, c, err, start)
+	return a.Held, a.Result, a.Err
+}
+
+// BatchItem is one key of AcquireBatch.
+type BatchItem struct {
+	Key         []byte
+	Fingerprint []byte
+}
+
+// Acquisition is one result of AcquireBatch: as Acquire's three results.
+type Acquisition struct {
+	Held   *Held
+	Result Result
+	Err    error
+}
+
+// AcquireBatch claims many keys, in one store round-trip when the store is a
+// BatchClaimer (one by one otherwise). Results are in item order. The
+// returned error is for the batch as a whole (the store failed, fail
+// closed); per-key outcomes are in each Acquisition.
+func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisition, error) {
+	out := make([]Acquisition, len(items))
+	if g.batch == nil {
+		for i, it := range items {
+			h, r, err := g.Acquire(ctx, it.Key, WithFingerprint(it.Fingerprint))
+			out[i] = Acquisition{Held: h, Result: r, Err: err}
+		}
+		return out, nil
+	}
+	reqs := make([]ClaimRequest, len(items))
+	for i, it := range items {
+		reqs[i] = ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}
+	}
+	var start time.Time
+	if g.hooks.timed() {
+		start = g.cfg.clock.Now()
+	}
+	res, err := g.batch.ClaimBatch(ctx, reqs)
+	if err != nil {
+		if g.cfg.failOpen && failOpenable(ctx, err) {
+			for i := range items {
+				out[i] = g.openPass(ctx, items[i].Key, err)
+			}
+			return out, nil
+		}
+		for i := range items {
+			g.onClaim(ctx, reqs[i], Claim{}, err, start)
+		}
+		return nil, fmt.Errorf("idem: batch claim of %d keys: %w", len(items), err)
+	}
+	for i := range res {
+		out[i] = g.claimed(ctx, reqs[i], res[i].Claim, res[i].Err, start)
+	}
+	return out, nil
+}
+
+func failOpenable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) &&
+		!errors.Is(err, ErrFingerprintMismatch) && !errors.Is(err, ErrClosed)
+}
+
+func (g *Guard) onClaim(ctx context.Context, req ClaimRequest, c Claim, err error, start time.Time) {
+	if len(g.hooks.claim) == 0 {
+		return
+	}
+	e := ClaimEvent{Key: req.Key, Outcome: c.Outcome, Attempts: c.Record.Attempts, Err: err, Duration: g.cfg.clock.Now().Sub(start)}
+	for _, h := range g.hooks.claim {
+		h.OnClaim(ctx, e)
+	}
+}
+
+func (g *Guard) openPass(ctx context.Context, key []byte, err error) Acquisition {
+	g.log.Warn("idem: store failed; fail-open lets the handler run without a record", "key", string(truncKey(key)), "err", err)
+	for _, h := range g.hooks.failOpen {
+		h.OnFailOpen(ctx, key, err)
+	}
+	return Acquisition{Held: &Held{g: g, key: key, open: true}, Result: Result{FailedOpen: true}}
+}
+
+// claimed turns a store claim into an Acquisition.
+func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err error, start time.Time) Acquisition {
+	g.onClaim(ctx, req, c, err, start)
+	if err != nil {
+		if g.cfg.failOpen && failOpenable(ctx, err) {
+			return g.openPass(ctx, req.Key, err)
+		}
+		if errors.Is(err, ErrFingerprintMismatch) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidArgument) {
+			return Acquisition{Err: err}
+		}
+		return Acquisition{Err: fmt.Errorf("idem: claim %q: %w", truncKey(req.Key), err)}
+	}
+	rec := &c.Record
+	switch c.Outcome {
+	case OutcomeCompleted:
+		return Acquisition{Result: Result{Value: rec.Result, Replayed: true, Token: rec.Token, Attempts: rec.Attempts}}
+	case OutcomeInProgress:
+		return Acquisition{Err: &InProgressError{Key: req.Key, LeaseUntil: rec.LeaseUntil}}
+	case OutcomeFailed:
+		return Acquisition{Err: &FailedError{Key: req.Key, Cause: rec.LastError, Attempts: rec.Attempts}}
+	case OutcomeAcquired:
+	default:
+		return Acquisition{Err: fmt.Errorf("%w: store returned outcome %d", ErrUnknownOutcome, c.Outcome)}
+	}
+	h := &Held{g: g, key: req.Key, token: rec.Token, attempts: rec.Attempts, lease: req.Lease}
+	if g.hooks.timed() {
+		h.start = start
+	}
+	res := Result{Token: rec.Token, Attempts: rec.Attempts}
+	if g.cfg.maxAttempts > 0 && rec.Attempts > g.cfg.maxAttempts {
+		// Earlier holders died without settling (a crash loop on a poison
+		// message): stop here instead of running it again.
+		cause := TruncateCause(fmt.Sprintf("attempts exhausted: %d claims, last error: %s", rec.Attempts-1, rec.LastError))
+		if ferr := h.settle(ctx, SettleFail, nil, cause); ferr != nil {
+			return Acquisition{Err: ferr}
+		}
+		return Acquisition{Err: &FailedError{Key: req.Key, Cause: cause, Attempts: rec.Attempts}}
+	}
+	h.startHeartbeat()
+	return Acquisition{Held: h, Result: res}
+}
+
+// Held is a claim the caller holds. Settle it exactly once with Complete or
+// Release; until then a heartbeat extends its lease.
+type Held struct {
+	g        *Guard
+	key      []byte
+	token    uint64
+	attempts int
+	lease    time.Duration
+	open     bool // fail-open pass: nothing in the store
+	start    time.Time
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	settled bool
+	lost    bool
+	done    chan struct{} // made on demand by Done
+	cancel  context.CancelCauseFunc
+}
+
+// Key returns the held key.
+func (h *Held) Key() []byte { return h.key }
+
+// Token returns the claim's fencing token. Pass it to the effect where the
+// effect's store can check it (a conditional write), so a worker whose lease
+// was taken over cannot apply a stale effect.
+func (h *Held) Token() uint64 { return h.token }
+
+// Attempts returns how many claims of the key there have been, this one
+// included.
+func (h *Held) Attempts() int { return h.attempts }
+
+// Done returns a channel closed when the claim is lost (taken over after a
+// lease expiry, or deleted) while held.
+func (h *Held) Done() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done == nil {
+		h.done = make(chan struct{})
+		if h.lost {
+			close(h.done)
+		}
+	}
+	return h.done
+}
+
+func (h *Held) startHeartbeat() {
+	if h.g.cfg.heartbeat <= 0 {
+		return
+	}
+	h.mu.Lock()
+	h.timer = time.AfterFunc(h.g.cfg.heartbeat, h.beat)
+	h.mu.Unlock()
+}
+
+func (h *Held) beat() {
+	h.mu.Lock()
+	if h.settled || h.lost {
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), h.g.cfg.heartbeat)
+	err := h.g.store.Extend(ctx, h.key, h.token, h.lease)
+	cancel()
+	if err != nil && (errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound)) {
+		h.mu.Lock()
+		settled := h.settled
+		h.mu.Unlock()
+		if !settled {
+			h.markLost(context.Background(), err)
+		}
+		return
+	}
+	if err != nil {
+		h.g.log.Warn("idem: lease heartbeat failed; retrying", "key", string(truncKey(h.key)), "err", err)
+	}
+	h.mu.Lock()
+	if !h.settled && !h.lost {
+		h.timer.Reset(h.g.cfg.heartbeat)
+	}
+	h.mu.Unlock()
+}
+
+func (h *Held) markLost(ctx context.Context, err error) {
+	h.mu.Lock()
+	if h.lost {
+		h.mu.Unlock()
+		return
+	}
+	h.lost = true
+	if h.done != nil {
+		close(h.done)
+	}
+	cancel := h.cancel
+	h.mu.Unlock()
+	if cancel != nil {
+		cancel(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+	}
+	h.g.log.Warn("idem: claim lost while held (lease expired and taken over, or deleted)", "key", string(truncKey(h.key)), "token", h.token, "err", err)
+	for _, hk := range h.g.hooks.lost {
+		hk.OnLeaseLost(ctx, h.key, h.token, err)
+	}
+}
+
+func (h *Held) stopHeartbeat() {
+	h.mu.Lock()
+	h.settled = true
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	h.mu.Unlock()
+}
+
+type heldKey struct{}
+
+type heldCtx struct {
+	context.Context
+	h *Held
+}
+
+func (c *heldCtx) Value(k any) any {
+	if k == (heldKey{}) {
+		return c.h
+	}
+	return c.Context.Value(k)
+}
+
+// TokenFromContext returns the fencing token of the claim whose handler is
+// running with ctx (inside Do).
+func TokenFromContext(ctx context.Context) (uint64, bool) {
+	h, ok := ctx.Value(heldKey{}).(*Held)
+	if !ok || h.open {
+		return 0, false
+	}
+	return h.token, true
+}
+
+func (h *Held) run(ctx context.Context, fn Func) (val []byte, err error) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	h.mu.Lock()
+	h.cancel = cancel
+	lost := h.lost
+	h.mu.Unlock()
+	if lost {
+		cancel(ErrLeaseLost)
+	}
+	defer cancel(nil)
+	defer func() {
+		if r := recover(); r != nil {
+			_ = h.Release(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", r))
+			panic(r)
+		}
+	}()
+	return fn(&heldCtx{Context: cctx, h: h})
+}
+
+// settleCtx keeps a settle running when the caller's context is cancelled
+// after the effect is done (shutdown): recording it matters more.
+func settleCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Done() == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+}
+
+// Complete records the effect as done with result. It retries transient
+// store errors, reading the record before each retry (a Complete that timed
+// out may have been applied). It returns an error matching ErrFenced or
+// ErrNotFound when the claim was lost, and ErrUnrecorded when the store kept
+// failing: the effect happened but is not recorded.
+func (h *Held) Complete(ctx context.Context, result []byte) error {
+	if h.open {
+		return nil
+	}
+	if err := ValidateResult(result); err != nil {
+		h.Release(ctx, err)
+		return err
+	}
+	ctx, cancel := settleCtx(ctx)
+	defer cancel()
+	err := h.settle(ctx, SettleComplete, result, "")
+	backoff := 10 * time.Millisecond
+	for i := 0; err != nil && i < h.g.cfg.completeRetries && retryable(err); i++ {
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			i = h.g.cfg.completeRetries
+			continue
+		case <-t.C:
+		}
+		backoff = min(backoff*2, time.Second)
+		if rec, gerr := h.g.store.Get(ctx, h.key); gerr == nil {
+			if rec.Token != h.token {
+				err = fmt.Errorf("%w: key %q taken over (token %d, current %d)", ErrFenced, truncKey(h.key), h.token, rec.Token)
+				break
+			}
+			if rec.State == StateCompleted {
+				err = nil
+				break
+			}
+		}
+		err = h.settle(ctx, SettleComplete, result, "")
+	}
+	if err == nil {
+		return nil
+	}
+	if !retryable(err) {
+		if errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound) {
+			h.markLost(ctx, err)
+		}
+		return fmt.Errorf("idem: complete %q: %w", truncKey(h.key), err)
+	}
+	h.g.log.Error("idem: effect done but its completion could not be recorded", "key", string(truncKey(h.key)), "token", h.token, "err", err)
+	return fmt.Errorf("%w: key %q: %w", ErrUnrecorded, truncKey(h.key), err)
+}
+
+func retryable(err error) bool {
+	return !errors.Is(err, ErrFenced) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalidKey) &&
+		!errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrClosed)
+}
+
+// Release gives the key back after a failed effect so it may be claimed
+// again, recording cause. If cause is Permanent, or the key has used up
+// WithMaxAttempts, the key is marked failed instead and Release returns a
+// *FailedError (ErrFailed): dead-letter the message.
+func (h *Held) Release(ctx context.Context, cause error) error {
+	if h.open {
+		return nil
+	}
+	msg := ""
+	if cause != nil {
+		msg = TruncateCause(cause.Error())
+	}
+	ctx, cancel := settleCtx(ctx)
+	defer cancel()
+	if IsPermanent(cause) || (h.g.cfg.maxAttempts > 0 && h.attempts >= h.g.cfg.maxAttempts) {
+		if err := h.settle(ctx, SettleFail, nil, msg); err != nil {
+			return fmt.Errorf("idem: mark %q failed: %w", truncKey(h.key), err)
+		}
+		return &FailedError{Key: h.key, Cause: msg, Attempts: h.attempts}
+	}
+	if err := h.settle(ctx, SettleRelease, nil, msg); err != nil {
+		return fmt.Errorf("idem: release %q: %w", truncKey(h.key), err)
+	}
+	return nil
+}
+
+func (h *Held) settle(ctx context.Context, a SettleAction, result []byte, cause string) error {
+	h.stopHeartbeat()
+	var start time.Time
+	if len(h.g.hooks.settle) > 0 {
+		start = h.g.cfg.clock.Now()
+	}
+	var err error
+	switch a {
+	case SettleComplete:
+		err = h.g.store.Complete(ctx, h.key, h.token, result)
+	case SettleRelease:
+		err = h.g.store.Release(ctx, h.key, h.token, cause)
+	case SettleFail:
+		err = h.g.store.Fail(ctx, h.key, h.token, cause)
+	}
+	if len(h.g.hooks.settle) > 0 {
+		now := h.g.cfg.clock.Now()
+		e := SettleEvent{Key: h.key, Token: h.token, Action: a, Err: err, Duration: now.Sub(start)}
+		if !h.start.IsZero() {
+			e.Held = now.Sub(h.start)
+		}
+		for _, hk := range h.g.hooks.settle {
+			hk.OnSettle(ctx, e)
+		}
+	}
+	return err
+}
+
+// FingerprintOf returns a SHA-256 fingerprint of the given parts (each
+// length-prefixed, so ("ab","c") and ("a","bc") differ). Use it with
+// WithFingerprint on the message payload or the fields that define it.
+func FingerprintOf(parts ...[]byte) []byte {
+	h := sha256.New()
+	var n [8]byte
+	for _, p := range parts {
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		h.Write(p)
+	}
+	return h.Sum(nil)
+}

@@ -1,0 +1,595 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem"
+)
+
+// Config configures a memory store. The zero value is usable.
+type Config struct {
+	// Namespace of the handle returned by New ("" is the default namespace).
+	Namespace string
+	// MaxEntries bounds the live records of each namespace (default
+	// 1,000,000). A full shard first drops its expired records; if none
+	// expired, Claim of a new key fails with idem.ErrCapacity: evicting a
+	// live record would let its duplicate through.
+	MaxEntries int
+	// Shards is the number of independently locked shards per namespace,
+	// rounded up to a power of two (default 64).
+	Shards int
+	// SweepInterval is how often the background sweeper drops expired
+	// records, one shard at a time (default 1s; negative disables it).
+	SweepInterval time.Duration
+	// Clock defaults to the system clock.
+	Clock idem.Clock
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxEntries == 0 {
+		c.MaxEntries = 1_000_000
+	}
+	if c.Shards == 0 {
+		c.Shards = 64
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = idem.SystemClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate reports a configuration error.
+func (c Config) Validate() error {
+	if err := idem.ValidateNamespace(c.Namespace); err != nil {
+		return err
+	}
+	if c.MaxEntries < 0 {
+		return fmt.Errorf("%w: memstore: MaxEntries %d < 0", idem.ErrInvalidArgument, c.MaxEntries)
+	}
+	if c.Shards < 0 || c.Shards > 1<<16 {
+		return fmt.Errorf("%w: memstore: Shards %d outside [1, 65536]", idem.ErrInvalidArgument, c.Shards)
+	}
+	return nil
+}
+
+// Store is an in-memory idem.Store. It implements idem.BatchClaimer,
+// idem.Purger, idem.Lister, idem.Stater and idem.Pinger. Records do not
+// survive the process: use it for tests, for a single process whose
+// effects are also in memory, or as the reference behaviour.
+type Store struct {
+	b    *backend
+	sp   *space
+	root bool
+}
+
+type backend struct {
+	cfg    Config
+	seed   maphash.Seed
+	mu     sync.Mutex
+	spaces map[string]*space
+	closed atomic.Bool
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+type space struct {
+	ns     string
+	shards []shard
+	mask   uint64
+	b      *backend
+}
+
+type shard struct {
+	mu   sync.Mutex
+	m    map[string]*entry
+	next uint64 // last token issued by this shard; a key always maps to one shard
+	max  int
+	_    [64]byte // keep neighbouring shard locks off one cache line
+}
+
+type entry struct {
+	state      idem.State
+	token      uint64
+	attempts   int
+	fp         []byte
+	result     []byte
+	lastErr    string
+	ttl        int64
+	leaseUntil int64
+	expiresAt  int64
+	created    int64
+	updated    int64
+}
+
+// New returns a store with its own backend, serving cfg.Namespace.
+func New(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	b := &backend{cfg: cfg, seed: maphash.MakeSeed(), spaces: map[string]*space{}, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Store{b: b, sp: b.space(cfg.Namespace), root: true}
+	if cfg.SweepInterval > 0 {
+		go b.sweeper()
+	} else {
+		close(b.done)
+	}
+	return s, nil
+}
+
+// Namespace returns a handle on another namespace of the same backend.
+// Closing it is a no-op; closing the store returned by New closes all.
+func (s *Store) Namespace(ns string) (*Store, error) {
+	if err := idem.ValidateNamespace(ns); err != nil {
+		return nil, err
+	}
+	return &Store{b: s.b, sp: s.b.space(ns)}, nil
+}
+
+func (b *backend) space(ns string) *space {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sp, ok := b.spaces[ns]; ok {
+		return sp
+	}
+	n := 1
+	for n < b.cfg.Shards {
+		n <<= 1
+	}
+	per := (b.cfg.MaxEntries + n - 1) / n
+	sp := &space{ns: ns, shards: make([]shard, n), mask: uint64(n - 1), b: b}
+	for i := range sp.shards {
+		sp.shards[i].m = make(map[string]*entry)
+		sp.shards[i].max = per
+	}
+	b.spaces[ns] = sp
+	return sp
+}
+
+func (b *backend) allSpaces() []*space {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*space, 0, len(b.spaces))
+	for _, sp := range b.spaces {
+		out = append(out, sp)
+	}
+	return out
+}
+
+func (b *backend) sweeper() {
+	defer close(b.done)
+	t := time.NewTicker(b.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			now := b.cfg.Clock.Now().UnixNano()
+			for _, sp := range b.allSpaces() {
+				for i := range sp.shards {
+					sh := &sp.shards[i]
+					sh.mu.Lock()
+					sh.purge(now, 0)
+					sh.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// purge drops expired entries (at most limit if limit > 0). Caller holds mu.
+func (sh *shard) purge(now int64, limit int) int {
+	n := 0
+	for k, e := range sh.m {
+		if e.expiresAt <= now {
+			delete(sh.m, k)
+			n++
+			if limit > 0 && n >= limit {
+				break
+			}
+		}
+	}
+	return n
+}
+
+func (s *Store) shard(key []byte) *shard {
+	h := maphash.Bytes(s.b.seed, key)
+	return &s.sp.shards[h&s.sp.mask]
+}
+
+func (s *Store) begin(ctx context.Context) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if s.b.closed.Load() {
+		return 0, idem.ErrClosed
+	}
+	return s.b.cfg.Clock.Now().UnixNano(), nil
+}
+
+func unix(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+func clone(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}
+
+func (e *entry) record(key []byte) idem.Record {
+	return idem.Record{
+		Key: key, State: e.state, Token: e.token, Fingerprint: clone(e.fp), Result: clone(e.result),
+		Attempts: e.attempts, LastError: e.lastErr, LeaseUntil: unix(e.leaseUntil),
+		ExpiresAt: unix(e.expiresAt), CreatedAt: unix(e.created), UpdatedAt: unix(e.updated),
+	}
+}
+
+// live returns the unexpired entry for key. Caller holds mu.
+func (sh *shard) live(key []byte, now int64) *entry {
+	e := sh.m[string(key)]
+	if e == nil || e.expiresAt <= now {
+		return nil
+	}
+	return e
+}
+
+// claim applies one claim under the shard lock.
+func (sh *shard) claim(req *idem.ClaimRequest, now int64) (idem.Claim, error) {
+	lease, ttl := int64(req.Lease), int64(req.TTL)
+	e := sh.m[string(req.Key)]
+	if e != nil && e.expiresAt > now {
+		if len(e.fp) > 0 && len(req.Fingerprint) > 0 && string(e.fp) != string(req.Fingerprint) {
+			return idem.Claim{}, fmt.Errorf("%w: key %q", idem.ErrFingerprintMismatch, req.Key)
+		}
+		switch {
+		case e.state == idem.StateCompleted:
+			return idem.Claim{Outcome: idem.OutcomeCompleted, Record: e.record(req.Key)}, nil
+		case e.state == idem.StateFailed:
+			return idem.Claim{Outcome: idem.OutcomeFailed, Record: e.record(req.Key)}, nil
+		case e.state == idem.StateInProgress && e.leaseUntil > now:
+			return idem.Claim{Outcome: idem.OutcomeInProgress, Record: e.record(req.Key)}, nil
+		}
+		// Released, or in progress with an expired lease: take over.
+		sh.next++
+		e.token = sh.next
+		e.state = idem.StateInProgress
+		e.attempts++
+		if len(e.fp) == 0 && len(req.Fingerprint) > 0 {
+			e.fp = clone(req.Fingerprint)
+		}
+		e.ttl = ttl
+		e.leaseUntil = now + lease
+		e.expiresAt = max(now+ttl, e.leaseUntil)
+		e.updated = now
+		return idem.Claim{Outcome: idem.OutcomeAcquired, Record: e.record(req.Key)}, nil
+	}
+	if e == nil && len(sh.m) >= sh.max {
+		if sh.purge(now, 0) == 0 {
+			return idem.Claim{}, fmt.Errorf("%w: memstore shard holds %d live records (MaxEntries)", idem.ErrCapacity, len(sh.m))
+		}
+	}
+	sh.next++
+	ne := &entry{state: idem.StateInProgress, token: sh.next, attempts: 1, fp: clone(req.Fingerprint),
+		ttl: ttl, leaseUntil: now + lease, created: now, updated: now}
+	ne.expiresAt = max(now+ttl, ne.leaseUntil)
+	if e != nil {
+		*e = *ne // reuse the expired entry and its map key
+		ne = e
+	} else {
+		sh.m[string(req.Key)] = ne
+	}
+	return idem.Claim{Outcome: idem.OutcomeAcquired, Record: idem.Record{
+		Key: req.Key, State: idem.StateInProgress, Token: ne.token, Fingerprint: clone(ne.fp), Attempts: 1,
+		LeaseUntil: unix(ne.leaseUntil), ExpiresAt: unix(ne.expiresAt), CreatedAt: unix(now), UpdatedAt: unix(now),
+	}}, nil
+}
+
+// Claim implements idem.Store.
+func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if err := idem.ValidateClaim(req); err != nil {
+		return idem.Claim{}, err
+	}
+	now, err := s.begin(ctx)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	sh := s.shard(req.Key)
+	sh.mu.Lock()
+	c, err := sh.claim(&req, now)
+	sh.mu.Unlock()
+	return c, err
+}
+
+// ClaimBatch implements idem.BatchClaimer. Entries are applied in order, each
+// atomically; the batch as a whole is not one transaction (nor need it be:
+// each key's outcome is what a sequential claim would give).
+func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	now, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]idem.BatchResult, len(reqs))
+	for i := range reqs {
+		if err := idem.ValidateClaim(reqs[i]); err != nil {
+			out[i].Err = err
+			continue
+		}
+		sh := s.shard(reqs[i].Key)
+		sh.mu.Lock()
+		out[i].Claim, out[i].Err = sh.claim(&reqs[i], now)
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
+
+// settle runs fn on the live entry held by token.
+func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(e *entry, now int64) error) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	now, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.live(key, now)
+	if e == nil {
+		return fmt.Errorf("%w: key %q", idem.ErrNotFound, key)
+	}
+	if e.token != token {
+		return fmt.Errorf("%w: key %q: token %d, current %d", idem.ErrFenced, key, token, e.token)
+	}
+	if err := fn(e, now); err != nil {
+		return fmt.Errorf("%w: key %q is %s", err, key, e.state)
+	}
+	return nil
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result []byte) error {
+	if err := idem.ValidateResult(result); err != nil {
+		return err
+	}
+	return s.settle(ctx, key, token, func(e *entry, now int64) error {
+		switch e.state {
+		case idem.StateCompleted:
+			return nil
+		case idem.StateInProgress:
+			e.state, e.result, e.updated = idem.StateCompleted, clone(result), now
+			e.leaseUntil, e.expiresAt = 0, now+e.ttl
+			return nil
+		}
+		return idem.ErrFenced
+	})
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause string) error {
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	return s.settle(ctx, key, token, func(e *entry, now int64) error {
+		switch e.state {
+		case idem.StateReleased:
+			return nil
+		case idem.StateInProgress:
+			e.state, e.leaseUntil, e.updated = idem.StateReleased, 0, now
+			if cause != "" {
+				e.lastErr = cause
+			}
+			return nil
+		}
+		return idem.ErrFenced
+	})
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key []byte, token uint64, cause string) error {
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	return s.settle(ctx, key, token, func(e *entry, now int64) error {
+		switch e.state {
+		case idem.StateFailed:
+			return nil
+		case idem.StateInProgress:
+			e.state, e.lastErr, e.updated = idem.StateFailed, cause, now
+			e.leaseUntil, e.expiresAt = 0, now+e.ttl
+			return nil
+		}
+		return idem.ErrFenced
+	})
+}
+
+// Extend implements idem.Store.
+func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time.Duration) error {
+	if err := idem.ValidateLease(lease); err != nil {
+		return err
+	}
+	return s.settle(ctx, key, token, func(e *entry, now int64) error {
+		if e.state != idem.StateInProgress {
+			return idem.ErrFenced
+		}
+		e.leaseUntil, e.updated = now+int64(lease), now
+		e.expiresAt = max(e.expiresAt, e.leaseUntil)
+		return nil
+	})
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
+	if err := idem.ValidateKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	now, err := s.begin(ctx)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.live(key, now)
+	if e == nil {
+		return idem.Record{}, fmt.Errorf("%w: key %q", idem.ErrNotFound, key)
+	}
+	return e.record(clone(key)), nil
+}
+
+// Delete implements idem.Store. The shard's token counter is kept, so a
+// later claim of the key still gets a larger token.
+func (s *Store) Delete(ctx context.Context, key []byte) error {
+	if err := idem.ValidateKey(key); err != nil {
+		return err
+	}
+	if _, err := s.begin(ctx); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	delete(sh.m, string(key))
+	sh.mu.Unlock()
+	return nil
+}
+
+// Purge implements idem.Purger, one shard lock at a time.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	now, err := s.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range s.sp.shards {
+		sh := &s.sp.shards[i]
+		rem := 0
+		if limit > 0 {
+			rem = limit - n
+			if rem <= 0 {
+				break
+			}
+		}
+		sh.mu.Lock()
+		n += sh.purge(now, rem)
+		sh.mu.Unlock()
+	}
+	return n, nil
+}
+
+// ListInProgress implements idem.Lister. The cursor is the index of the next
+// shard to read; each page holds whole shards (so it may exceed limit when
+// one shard alone holds more).
+func (s *Store) ListInProgress(ctx context.Context, cursor string, limit int) ([]idem.Record, string, error) {
+	now, err := s.begin(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	start := 0
+	if cursor != "" {
+		start, err = strconv.Atoi(cursor)
+		if err != nil || start < 0 || start > len(s.sp.shards) {
+			return nil, "", fmt.Errorf("%w: memstore: bad cursor %q", idem.ErrInvalidArgument, cursor)
+		}
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []idem.Record
+	i := start
+	for ; i < len(s.sp.shards) && len(out) < limit; i++ {
+		sh := &s.sp.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.state == idem.StateInProgress && e.expiresAt > now {
+				out = append(out, e.record([]byte(k)))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	sort.Slice(out, func(a, b int) bool { return string(out[a].Key) < string(out[b].Key) })
+	if i >= len(s.sp.shards) {
+		return out, "", nil
+	}
+	return out, strconv.Itoa(i), nil
+}
+
+// Stats implements idem.Stater.
+func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
+	now, err := s.begin(ctx)
+	if err != nil {
+		return idem.Stats{}, err
+	}
+	var st idem.Stats
+	for i := range s.sp.shards {
+		sh := &s.sp.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			if e.expiresAt <= now {
+				continue
+			}
+			switch e.state {
+			case idem.StateInProgress:
+				st.InProgress++
+			case idem.StateCompleted:
+				st.Completed++
+			case idem.StateFailed:
+				st.Failed++
+			case idem.StateReleased:
+				st.Released++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return st, nil
+}
+
+// Ping implements idem.Pinger.
+func (s *Store) Ping(ctx context.Context) error {
+	_, err := s.begin(ctx)
+	return err
+}
+
+// Close stops the sweeper; later calls fail with idem.ErrClosed. Closing a
+// handle from Namespace is a no-op.
+func (s *Store) Close() error {
+	if !s.root || !s.b.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	select {
+	case <-s.b.stop:
+	default:
+		close(s.b.stop)
+	}
+	<-s.b.done
+	return nil
+}
+
+var (
+	_ idem.Store        = (*Store)(nil)
+	_ idem.BatchClaimer = (*Store)(nil)
+	_ idem.Purger       = (*Store)(nil)
+	_ idem.Lister       = (*Store)(nil)
+	_ idem.Stater       = (*Store)(nil)
+	_ idem.Pinger       = (*Store)(nil)
+)

@@ -1,0 +1,111 @@
+package idem
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults of a Guard.
+const (
+	DefaultLease           = 30 * time.Second
+	DefaultTTL             = 7 * 24 * time.Hour // seeds: keep records 3-7 days, >= 2x the longest redelivery
+	DefaultCompleteRetries = 5
+)
+
+type guardConfig struct {
+	lease           time.Duration
+	ttl             time.Duration
+	maxAttempts     int
+	failOpen        bool
+	heartbeat       time.Duration // 0: lease/3; < 0: off
+	completeRetries int
+	redelivery      time.Duration
+	logger          *slog.Logger
+	clock           Clock
+	hooks           []Hook
+}
+
+func (c *guardConfig) validate() error {
+	if err := ValidateLease(c.lease); err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	if err := ValidateTTL(c.ttl); err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	if c.maxAttempts < 0 {
+		return fmt.Errorf("%w: guard: max attempts %d < 0", ErrInvalidArgument, c.maxAttempts)
+	}
+	if c.heartbeat > 0 && c.heartbeat >= c.lease {
+		return fmt.Errorf("%w: guard: heartbeat %s must be shorter than the lease %s", ErrInvalidArgument, c.heartbeat, c.lease)
+	}
+	if c.completeRetries < 0 {
+		return fmt.Errorf("%w: guard: complete retries %d < 0", ErrInvalidArgument, c.completeRetries)
+	}
+	return nil
+}
+
+// Option configures a Guard.
+type Option func(*guardConfig)
+
+// WithLease sets how long a claim is held before another worker may take
+// over (default 30s). The heartbeat renews it while the handler runs.
+func WithLease(d time.Duration) Option { return func(c *guardConfig) { c.lease = d } }
+
+// WithTTL sets how long records are kept after a claim or completion
+// (default 7 days). Keep it longer than the broker's redelivery window
+// (invariant 6); see WithRedeliveryWindow.
+func WithTTL(d time.Duration) Option { return func(c *guardConfig) { c.ttl = d } }
+
+// WithMaxAttempts marks a key failed (terminal, dead-letter) once n claims
+// of it ended in a handler error or a crash. 0 (the default) retries forever.
+func WithMaxAttempts(n int) Option { return func(c *guardConfig) { c.maxAttempts = n } }
+
+// WithFailOpen lets the handler run without a record when the store cannot be
+// reached. Every such pass is logged and reported to FailOpenHook. The
+// default is to fail closed: no effect, return the error, let the broker
+// redeliver.
+func WithFailOpen(on bool) Option { return func(c *guardConfig) { c.failOpen = on } }
+
+// WithHeartbeat sets how often a held claim's lease is extended while the
+// handler runs (default lease/3). A negative interval disables it.
+func WithHeartbeat(d time.Duration) Option { return func(c *guardConfig) { c.heartbeat = d } }
+
+// WithCompleteRetries sets how many times a failed Complete is retried
+// (after reading the record) before ErrUnrecorded (default 5).
+func WithCompleteRetries(n int) Option { return func(c *guardConfig) { c.completeRetries = n } }
+
+// WithRedeliveryWindow tells the guard the longest time the broker may
+// redeliver a message; NewGuard logs a warning when the TTL is shorter.
+func WithRedeliveryWindow(d time.Duration) Option { return func(c *guardConfig) { c.redelivery = d } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *guardConfig) { c.logger = l } }
+
+// WithClock sets the clock used for durations reported to hooks and for
+// retry hints (default the system clock). Leases are timed by the store.
+func WithClock(cl Clock) Option { return func(c *guardConfig) { c.clock = cl } }
+
+// WithHooks adds observers; each may implement any of ClaimHook, SettleHook,
+// FailOpenHook and LeaseLostHook.
+func WithHooks(h ...Hook) Option { return func(c *guardConfig) { c.hooks = append(c.hooks, h...) } }
+
+// CallOption adjusts one Do or Acquire call.
+type CallOption func(*callConfig)
+
+type callConfig struct {
+	fingerprint []byte
+	lease       time.Duration
+	ttl         time.Duration
+}
+
+// WithFingerprint sets the payload fingerprint of this call: a later claim
+// of the same key with another fingerprint gets ErrFingerprintMismatch.
+// See FingerprintOf.
+func WithFingerprint(fp []byte) CallOption { return func(c *callConfig) { c.fingerprint = fp } }
+
+// WithCallLease overrides the guard's lease for this call.
+func WithCallLease(d time.Duration) CallOption { return func(c *callConfig) { c.lease = d } }
+
+// WithCallTTL overrides the guard's TTL for this call.
+func WithCallTTL(d time.Duration) CallOption { return func(c *callConfig) { c.ttl = d } }
