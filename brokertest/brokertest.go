@@ -1,0 +1,136 @@
+package brokertest
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/broker"
+	"go.uber.org/goleak"
+)
+
+// Env is one isolated topic on the broker under test. The factory creates
+// it (a unique stream, topic or queue) and registers its removal with
+// t.Cleanup.
+type Env struct {
+	// Topic is where the suite publishes (Message.Topic) and what every
+	// subscriber of this Env reads.
+	Topic string
+	// NewPublisher returns a publisher with the adapter's reliable
+	// defaults. The suite closes it.
+	NewPublisher func(t testing.TB) broker.Publisher
+	// NewSubscriber returns a subscriber on Topic in consumer group
+	// (durable consumer) group. A group seen for the first time starts at
+	// the beginning of the topic. Two subscribers of the same group share
+	// its work and its unsettled messages; different groups each get every
+	// message. The suite closes it; closing without settling is how the
+	// suite simulates a consumer that dies.
+	NewSubscriber func(t testing.TB, group string) broker.Subscriber
+}
+
+// Factory makes a fresh Env for one test.
+type Factory func(t testing.TB) Env
+
+// Features says what the broker promises; the suite tests exactly that.
+type Features struct {
+	// OrderedByKey: messages with the same Message.Key published by one
+	// publisher are delivered to a single subscriber in publish order
+	// (Kafka: per partition; JetStream: per stream).
+	OrderedByKey bool
+	// ConsumerGroups: two subscribers of one group split the work (each
+	// gets some, none is lost) and separate groups each get everything.
+	// Kafka needs at least two partitions for the split.
+	ConsumerGroups bool
+	// NativeNakDelay: Nak(delay) is honoured by the broker, so the message
+	// does not come back before delay.
+	NativeNakDelay bool
+	// DeliveryCount: the broker counts deliveries, so a redelivered
+	// message has Message.Delivery > 1.
+	DeliveryCount bool
+	// RedeliverAfterClose: the unsettled messages of a subscriber that is
+	// closed are redelivered to another subscriber of the same group
+	// (after AckWait, a rebalance...).
+	RedeliverAfterClose bool
+	// MaxPayload is the largest payload the suite sends (the broker's
+	// limit minus headroom for headers). Default 256 KiB.
+	MaxPayload int
+	// RedeliveryTimeout is the longest the suite waits for a redelivery
+	// (after Nak, or after a subscriber closed without settling). Set the
+	// factory's ack wait / session timeout well below it. Default 15s.
+	RedeliveryTimeout time.Duration
+	// NakDelay is the delay the NativeNakDelay test asks for. Default 1s.
+	NakDelay time.Duration
+}
+
+func (f Features) withDefaults() Features {
+	if f.MaxPayload <= 0 {
+		f.MaxPayload = 256 << 10
+	}
+	if f.RedeliveryTimeout <= 0 {
+		f.RedeliveryTimeout = 15 * time.Second
+	}
+	if f.NakDelay <= 0 {
+		f.NakDelay = time.Second
+	}
+	return f
+}
+
+// Run runs the conformance suite as subtests of t. Every subtest gets its
+// own Env from factory and checks for leaked goroutines when it ends
+// (goroutines alive before it started, such as a shared connection's, are
+// ignored).
+func Run(t *testing.T, factory Factory, features Features) {
+	f := features.withDefaults()
+	tests := []struct {
+		name string
+		need bool
+		fn   func(t *testing.T, env Env, f Features)
+	}{
+		{"PublishConsume", true, testPublishConsume},
+		{"HeadersAndKeyRoundTrip", true, testHeadersRoundTrip},
+		{"EmptyPayload", true, testEmptyPayload},
+		{"LargePayload", true, testLargePayload},
+		{"ConcurrentPublishers", true, testConcurrentPublishers},
+		{"FetchBlocksUntilContextDone", true, testFetchBlocks},
+		{"ClosedSubscriber", true, testClosedSubscriber},
+		{"SettleTwice", true, testSettleTwice},
+		{"RedeliveryWindow", true, testRedeliveryWindow},
+		{"RedeliveryAfterNak", true, testRedeliveryAfterNak},
+		{"NakDelayHonoured", f.NativeNakDelay, testNakDelay},
+		{"TermNotRedelivered", true, testTerm},
+		{"InProgress", true, testInProgress},
+		{"RedeliveryAfterConsumerDeath", f.RedeliverAfterClose, testConsumerDeath},
+		{"NoAckBeforeEffect", f.RedeliverAfterClose, testNoAckBeforeEffect},
+		{"OrderedByKey", f.OrderedByKey, testOrdering},
+		{"ConsumerGroupSplitsWork", f.ConsumerGroups, testGroupSplit},
+		{"SeparateGroupsEachGetAll", f.ConsumerGroups, testGroupFanOut},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if !tc.need {
+				t.Skip("broker does not promise this (Features)")
+			}
+			// Deferred before the factory's cleanups run, so goroutines
+			// are checked after the test closed its clients; the retry
+			// inside VerifyNone lets background goroutines wind down.
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			env := factory(t)
+			tc.fn(t, env, f)
+		})
+	}
+}
+
+var seq atomic.Uint64
+
+// newID returns a message id unique within the process run.
+func newID(prefix string) string {
+	return fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano(), seq.Add(1))
+}
+
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
