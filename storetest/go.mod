@@ -2,6 +2,10 @@ module github.com/idem-dev/idem/storetest
 
 go 1.26
 
-require github.com/idem-dev/idem v0.0.0
+require (
+	github.com/anishathalye/porcupine v1.3.1
+	github.com/idem-dev/idem v0.0.0
+	go.uber.org/goleak v1.3.0
+)
 
 replace github.com/idem-dev/idem => ../

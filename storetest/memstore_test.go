@@ -1,0 +1,28 @@
+package storetest_test
+
+import (
+	"testing"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/memstore"
+	"github.com/idem-dev/idem/storetest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The suite runs itself against the reference store.
+func TestMemstoreConformance(t *testing.T) {
+	root, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { root.Close() })
+	storetest.Run(t, func(t testing.TB, ns string) idem.Store {
+		s, err := root.Namespace(ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, storetest.Features{Batch: true, Purge: true, List: true, Stats: true, LeaseUnit: 20 * 1e6})
+}
