@@ -920,7 +920,9 @@ func (s *suite) testStats(t *testing.T) {
 		t.Skip("no idem.Stater")
 	}
 	ctx := ctxT(t)
-	tok := func(k string) uint64 { return mustClaim(t, st, req(k, longLease, longTTL), idem.OutcomeAcquired).Record.Token }
+	tok := func(k string) uint64 {
+		return mustClaim(t, st, req(k, longLease, longTTL), idem.OutcomeAcquired).Record.Token
+	}
 	tok("p1")
 	tok("p2")
 	mustOK(t, "Complete", st.Complete(ctx, []byte("c1"), tok("c1"), nil))
