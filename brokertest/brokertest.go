@@ -62,6 +62,10 @@ type Features struct {
 	RedeliveryTimeout time.Duration
 	// NakDelay is the delay the NativeNakDelay test asks for. Default 1s.
 	NakDelay time.Duration
+	// LeakOptions are passed to each subtest's goleak check, e.g.
+	// goleak.IgnoreTopFunction for a client's long-lived background
+	// goroutine started lazily by the first test.
+	LeakOptions []goleak.Option
 }
 
 func (f Features) withDefaults() Features {
@@ -115,7 +119,7 @@ func Run(t *testing.T, factory Factory, features Features) {
 			// Deferred before the factory's cleanups run, so goroutines
 			// are checked after the test closed its clients; the retry
 			// inside VerifyNone lets background goroutines wind down.
-			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			defer goleak.VerifyNone(t, append([]goleak.Option{goleak.IgnoreCurrent()}, f.LeakOptions...)...)
 			env := factory(t)
 			tc.fn(t, env, f)
 		})

@@ -1,7 +1,24 @@
 module github.com/idem-dev/idem/natsbroker
 
-go 1.26
+go 1.26.0
 
 require github.com/idem-dev/idem v0.0.0
 
+require (
+	github.com/klauspost/compress v1.20.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/stretchr/testify v1.11.1 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
+
 replace github.com/idem-dev/idem => ../
+
+require (
+	github.com/idem-dev/idem/brokertest v0.0.0
+	github.com/nats-io/nats.go v1.55.0
+	go.uber.org/goleak v1.3.0
+)
+
+replace github.com/idem-dev/idem/brokertest => ../brokertest

@@ -1,0 +1,16 @@
+// Package natsbroker is idem's NATS JetStream adapter (github.com/nats-io/nats.go
+// jetstream) for the broker-neutral model in package broker.
+//
+// Publisher waits for a publish ack on every message and sets Nats-Msg-Id to
+// the producer-fixed message id, so the stream's duplicate window drops
+// producer retries; the id also travels in the idem-message-id header and
+// Message.Key in the idem-key header (base64). Message.Topic is the subject.
+//
+// Subscriber reads one durable pull consumer (the consumer group) with
+// explicit acks only: nothing is acked until the caller's handler says so.
+// AckWait, MaxDeliver and BackOff are the consumer's; Nak maps to
+// NakWithDelay, Term to TermWithReason, InProgress to the +WPI heartbeat
+// that resets AckWait. RedeliveryWindow reports AckWait*MaxDeliver (or the
+// sum of the BackOff steps) so the guard can warn when records expire
+// sooner. The caller owns the NATS connection.
+package natsbroker

@@ -1,0 +1,465 @@
+package natsbroker
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem/broker"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// HeaderKey carries Message.Key, base64-encoded (headers are text; keys are
+// bytes). JetStream has no key field: ordering is per stream.
+const HeaderKey = "idem-key"
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// JS is the JetStream context to publish with (required). The caller
+	// owns its connection.
+	JS jetstream.JetStream
+	// NoDedup stops setting Nats-Msg-Id, so the server's duplicate window
+	// does not drop re-publishes. Off by default: server-side dedup is the
+	// first line against producer retries (F6).
+	NoDedup bool
+	// Timeout bounds the wait for one batch's publish acks when ctx has no
+	// deadline. Default 30s.
+	Timeout time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate reports a bad configuration.
+func (c PublisherConfig) Validate() error {
+	if c.JS == nil {
+		return errors.New("natsbroker: PublisherConfig.JS is required")
+	}
+	if c.Timeout < 0 {
+		return errors.New("natsbroker: negative Timeout")
+	}
+	return nil
+}
+
+func (c PublisherConfig) withDefaults() PublisherConfig {
+	if c.Timeout == 0 {
+		c.Timeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Publisher publishes to JetStream and waits for every publish ack.
+// Message.Topic is the subject.
+type Publisher struct {
+	cfg    PublisherConfig
+	closed atomic.Bool
+}
+
+// NewPublisher returns a Publisher.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Publisher{cfg: cfg.withDefaults()}, nil
+}
+
+func (p *Publisher) toNats(m *broker.Message) (*nats.Msg, error) {
+	if m.ID == "" {
+		return nil, fmt.Errorf("natsbroker: message without ID (ids are fixed by the producer)")
+	}
+	if m.Topic == "" {
+		return nil, fmt.Errorf("natsbroker: message %s without Topic", m.ID)
+	}
+	nm := nats.NewMsg(m.Topic)
+	nm.Data = m.Payload
+	for k, v := range m.Headers {
+		nm.Header.Set(k, v)
+	}
+	nm.Header.Set(broker.HeaderMessageID, m.ID)
+	if m.Key != nil {
+		nm.Header.Set(HeaderKey, base64.StdEncoding.EncodeToString(m.Key))
+	}
+	return nm, nil
+}
+
+func (p *Publisher) opts(m *broker.Message) []jetstream.PublishOpt {
+	if p.cfg.NoDedup {
+		return nil
+	}
+	return []jetstream.PublishOpt{jetstream.WithMsgID(m.ID)}
+}
+
+// Publish sends msgs asynchronously and returns once every one has a
+// publish ack (stored by the stream), or the first error. A publish the
+// server reports as a duplicate (same Nats-Msg-Id in the window) counts
+// as success: the first copy is stored.
+func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
+	if p.closed.Load() {
+		return broker.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.Timeout)
+		defer cancel()
+	}
+	if len(msgs) == 1 {
+		nm, err := p.toNats(msgs[0])
+		if err != nil {
+			return err
+		}
+		if _, err := p.cfg.JS.PublishMsg(ctx, nm, p.opts(msgs[0])...); err != nil {
+			return fmt.Errorf("natsbroker: publish %s: %w", msgs[0].ID, err)
+		}
+		return nil
+	}
+	futs := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for _, m := range msgs {
+		nm, err := p.toNats(m)
+		if err != nil {
+			return err
+		}
+		f, err := p.cfg.JS.PublishMsgAsync(nm, p.opts(m)...)
+		if err != nil {
+			return fmt.Errorf("natsbroker: publish %s: %w", m.ID, err)
+		}
+		futs = append(futs, f)
+	}
+	for i, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("natsbroker: publish %s: %w", msgs[i].ID, err)
+		case <-ctx.Done():
+			return fmt.Errorf("natsbroker: publish ack for %s: %w", msgs[i].ID, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// Close stops the publisher; the connection stays open (the caller owns it).
+func (p *Publisher) Close() error {
+	p.closed.Store(true)
+	return nil
+}
+
+// SubscriberConfig configures a Subscriber: one durable pull consumer.
+type SubscriberConfig struct {
+	JS     jetstream.JetStream // required
+	Stream string              // required
+	// Durable is the consumer name, i.e. the consumer group (required).
+	Durable string
+	// FilterSubject limits the consumer to matching subjects (optional).
+	FilterSubject string
+	// AckWait: a delivery not acked (or kept alive with InProgress) within
+	// it is redelivered. Default 30s.
+	AckWait time.Duration
+	// MaxDeliver bounds deliveries per message. Default 20; -1 unlimited
+	// (then RedeliveryWindow is unbounded).
+	MaxDeliver int
+	// BackOff, if set, replaces AckWait for successive redeliveries after
+	// an ack timeout (server-side).
+	BackOff []time.Duration
+	// MaxAckPending bounds unacked deliveries across the group. Default
+	// 10000.
+	MaxAckPending int
+	// PollWait is the longest one pull request waits on the server.
+	// Default 5s.
+	PollWait time.Duration
+	// AckSync makes Ack wait for the server's confirmation (DoubleAck).
+	// Off by default: a lost ack only causes a redelivery, which the guard
+	// absorbs, and Close flushes pending acks.
+	AckSync bool
+	Logger  *slog.Logger
+}
+
+// Validate reports a bad configuration.
+func (c SubscriberConfig) Validate() error {
+	switch {
+	case c.JS == nil:
+		return errors.New("natsbroker: SubscriberConfig.JS is required")
+	case c.Stream == "":
+		return errors.New("natsbroker: SubscriberConfig.Stream is required")
+	case c.Durable == "":
+		return errors.New("natsbroker: SubscriberConfig.Durable is required")
+	case c.AckWait < 0, c.PollWait < 0, c.MaxAckPending < 0:
+		return errors.New("natsbroker: negative AckWait, PollWait or MaxAckPending")
+	case c.MaxDeliver < -1:
+		return errors.New("natsbroker: MaxDeliver must be -1 (unlimited) or >= 0")
+	}
+	for _, d := range c.BackOff {
+		if d <= 0 {
+			return errors.New("natsbroker: BackOff durations must be positive")
+		}
+	}
+	return nil
+}
+
+func (c SubscriberConfig) withDefaults() SubscriberConfig {
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 20
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = 10000
+	}
+	if c.PollWait == 0 {
+		c.PollWait = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// RedeliveryWindow is the longest the server may keep redelivering a
+// message: the ack wait (or back-off step) of every delivery up to
+// MaxDeliver. Nak delays chosen by the consumer come on top.
+func (c SubscriberConfig) RedeliveryWindow() time.Duration {
+	c = c.withDefaults()
+	if c.MaxDeliver < 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	if len(c.BackOff) == 0 {
+		return c.AckWait * time.Duration(c.MaxDeliver)
+	}
+	var sum time.Duration
+	for i := range c.MaxDeliver {
+		sum += c.BackOff[min(i, len(c.BackOff)-1)]
+	}
+	return sum
+}
+
+// Subscriber fetches from a durable pull consumer with explicit acks.
+type Subscriber struct {
+	cfg      SubscriberConfig
+	cons     jetstream.Consumer
+	closeCtx context.Context
+	close    context.CancelFunc
+	once     sync.Once
+}
+
+// NewSubscriber creates (or updates) the durable consumer and returns a
+// subscriber on it. Several subscribers with one Durable share its work.
+func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	cc := jetstream.ConsumerConfig{
+		Durable:       cfg.Durable,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    cfg.MaxDeliver,
+		BackOff:       cfg.BackOff,
+		MaxAckPending: cfg.MaxAckPending,
+		FilterSubject: cfg.FilterSubject,
+	}
+	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, cfg.Stream, cc)
+	if err != nil {
+		return nil, fmt.Errorf("natsbroker: consumer %s on stream %s: %w", cfg.Durable, cfg.Stream, err)
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	return &Subscriber{cfg: cfg, cons: cons, closeCtx: cctx, close: cancel}, nil
+}
+
+// RedeliveryWindow implements broker.Subscriber.
+func (s *Subscriber) RedeliveryWindow() time.Duration { return s.cfg.RedeliveryWindow() }
+
+// Fetch returns what is available at once (up to max) or waits for the
+// first message, polling the server at most PollWait per request.
+func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, error) {
+	if max <= 0 {
+		max = 1
+	}
+	for {
+		if s.closeCtx.Err() != nil {
+			return nil, broker.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// Fast path: whatever is pending now, in one round trip.
+		out, err := s.collect(s.cons.FetchNoWait(max))
+		if err != nil || len(out) > 0 {
+			return out, err
+		}
+		// Wait for the first message; the server expires the request
+		// before our context ends, so nothing is delivered to an inbox
+		// nobody reads.
+		wait := s.cfg.PollWait
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(dl))
+		}
+		if wait < 20*time.Millisecond {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		pctx, cancel := context.WithTimeout(ctx, wait)
+		stop := context.AfterFunc(s.closeCtx, cancel)
+		out, err = s.collect(s.cons.Fetch(1, jetstream.FetchContext(pctx)))
+		stop()
+		cancel()
+		if len(out) > 0 {
+			if max > 1 {
+				more, _ := s.collect(s.cons.FetchNoWait(max - 1))
+				out = append(out, more...)
+			}
+			return out, nil
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+	}
+}
+
+func (s *Subscriber) collect(b jetstream.MessageBatch, err error) ([]*broker.Message, error) {
+	if err != nil {
+		return nil, s.mapErr(err)
+	}
+	var out []*broker.Message
+	for jm := range b.Messages() {
+		out = append(out, s.convert(jm))
+	}
+	if err := b.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
+		return out, s.mapErr(err)
+	}
+	return out, nil
+}
+
+func (s *Subscriber) mapErr(err error) error {
+	if s.closeCtx.Err() != nil {
+		return broker.ErrClosed
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("natsbroker: fetch from %s/%s: %w", s.cfg.Stream, s.cfg.Durable, err)
+}
+
+func (s *Subscriber) convert(jm jetstream.Msg) *broker.Message {
+	h := jm.Headers()
+	m := &broker.Message{
+		Topic:    jm.Subject(),
+		Payload:  jm.Data(),
+		Delivery: 1,
+		Acker:    &acker{m: jm, sync: s.cfg.AckSync},
+	}
+	if len(h) > 0 {
+		m.Headers = make(map[string]string, len(h))
+		for k, vs := range h {
+			if len(vs) == 0 {
+				continue
+			}
+			switch k {
+			case jetstream.MsgIDHeader:
+				m.ID = vs[0]
+				continue
+			case HeaderKey:
+				if key, err := base64.StdEncoding.DecodeString(vs[0]); err == nil {
+					m.Key = key
+				}
+				continue
+			}
+			m.Headers[k] = vs[0]
+		}
+	}
+	if m.ID == "" {
+		m.ID = m.Headers[broker.HeaderMessageID]
+	}
+	if md, err := jm.Metadata(); err == nil {
+		m.Delivery = int(md.NumDelivered)
+		m.PublishedAt = md.Timestamp
+	}
+	return m
+}
+
+// Close stops fetching and flushes pending acks. Unsettled deliveries are
+// redelivered to the group after AckWait.
+func (s *Subscriber) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.close()
+		if nc := s.cfg.JS.Conn(); nc != nil && !nc.IsClosed() {
+			err = nc.FlushTimeout(5 * time.Second)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("natsbroker: flush acks on close: %w", err)
+	}
+	return nil
+}
+
+type acker struct {
+	m       jetstream.Msg
+	sync    bool
+	settled atomic.Bool
+}
+
+func (a *acker) settle(ctx context.Context, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !a.settled.CompareAndSwap(false, true) {
+		return nil
+	}
+	if err := f(); err != nil {
+		a.settled.Store(false)
+		return fmt.Errorf("natsbroker: %w", err)
+	}
+	return nil
+}
+
+func (a *acker) Ack(ctx context.Context) error {
+	return a.settle(ctx, func() error {
+		if a.sync {
+			return a.m.DoubleAck(ctx)
+		}
+		return a.m.Ack()
+	})
+}
+
+func (a *acker) Nak(ctx context.Context, delay time.Duration) error {
+	return a.settle(ctx, func() error {
+		if delay <= 0 {
+			return a.m.Nak()
+		}
+		return a.m.NakWithDelay(delay)
+	})
+}
+
+func (a *acker) Term(ctx context.Context, reason string) error {
+	return a.settle(ctx, func() error { return a.m.TermWithReason(reason) })
+}
+
+func (a *acker) InProgress(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if a.settled.Load() {
+		return nil
+	}
+	if err := a.m.InProgress(); err != nil {
+		return fmt.Errorf("natsbroker: in progress: %w", err)
+	}
+	return nil
+}
+
+var (
+	_ broker.Publisher  = (*Publisher)(nil)
+	_ broker.Subscriber = (*Subscriber)(nil)
+)

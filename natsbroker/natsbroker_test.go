@@ -1,0 +1,108 @@
+package natsbroker_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/natsbroker"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestRedeliveryWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  natsbroker.SubscriberConfig
+		want time.Duration
+	}{
+		{"defaults", natsbroker.SubscriberConfig{}, 30 * time.Second * 20},
+		{"ackwait x maxdeliver", natsbroker.SubscriberConfig{AckWait: time.Second, MaxDeliver: 5}, 5 * time.Second},
+		{"backoff repeats last step", natsbroker.SubscriberConfig{MaxDeliver: 4, BackOff: []time.Duration{time.Second, 10 * time.Second}}, 31 * time.Second},
+		{"unlimited", natsbroker.SubscriberConfig{MaxDeliver: -1}, time.Duration(math.MaxInt64)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.cfg.RedeliveryWindow(); got != tc.want {
+				t.Fatalf("RedeliveryWindow = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  natsbroker.SubscriberConfig
+		ok   bool
+	}{
+		{"ok", natsbroker.SubscriberConfig{JS: js, Stream: "s", Durable: "d"}, true},
+		{"no js", natsbroker.SubscriberConfig{Stream: "s", Durable: "d"}, false},
+		{"no stream", natsbroker.SubscriberConfig{JS: js, Durable: "d"}, false},
+		{"no durable", natsbroker.SubscriberConfig{JS: js, Stream: "s"}, false},
+		{"negative ackwait", natsbroker.SubscriberConfig{JS: js, Stream: "s", Durable: "d", AckWait: -1}, false},
+		{"bad maxdeliver", natsbroker.SubscriberConfig{JS: js, Stream: "s", Durable: "d", MaxDeliver: -2}, false},
+		{"bad backoff", natsbroker.SubscriberConfig{JS: js, Stream: "s", Durable: "d", BackOff: []time.Duration{0}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+				t.Fatalf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+	if err := (natsbroker.PublisherConfig{}).Validate(); err == nil {
+		t.Fatal("PublisherConfig without JS validated")
+	}
+}
+
+// TestDedup: the same message id published twice is stored once, unless
+// NoDedup is set.
+func TestDedup(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		noDedup bool
+		want    uint64 // messages stored after 3 publishes of one id + 1 other
+	}{{"dedup", false, 2}, {"no dedup", true, 4}} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := newStream(t, nil)
+			p, err := natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: js, NoDedup: tc.noDedup})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			m := &broker.Message{ID: "same-id", Topic: stream, Payload: []byte("x")}
+			for range 2 {
+				if err := p.Publish(ctx, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A batch re-publish goes through the async path.
+			if err := p.Publish(ctx, m, &broker.Message{ID: "other", Topic: stream}); err != nil {
+				t.Fatal(err)
+			}
+			st, err := js.Stream(ctx, stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := st.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := info.State.Msgs; got != tc.want {
+				t.Fatalf("stream holds %d messages, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPublishRejectsMessageWithoutID(t *testing.T) {
+	p, _ := natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: js})
+	defer p.Close()
+	if err := p.Publish(context.Background(), &broker.Message{Topic: "x"}); err == nil {
+		t.Fatal("published a message without an ID")
+	}
+}
+
+var _ jetstream.JetStream = js
