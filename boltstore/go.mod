@@ -2,6 +2,11 @@ module github.com/idem-dev/idem/boltstore
 
 go 1.26
 
-require github.com/idem-dev/idem v0.0.0
+require (
+	github.com/idem-dev/idem v0.0.0
+	go.etcd.io/bbolt v1.5.0
+)
+
+require golang.org/x/sys v0.45.0 // indirect
 
 replace github.com/idem-dev/idem => ../

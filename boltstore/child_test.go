@@ -1,0 +1,3 @@
+package boltstore
+
+func runChild() bool { return false }

@@ -1,0 +1,333 @@
+package boltstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.etcd.io/bbolt"
+	bberrors "go.etcd.io/bbolt/errors"
+
+	"github.com/idem-dev/idem"
+)
+
+// backend is one open file shared by the handles of all its namespaces.
+type backend struct {
+	bolt   *bbolt.DB
+	cfg    Config
+	queue  chan *op
+	stop   chan struct{} // closed by Close
+	loop   chan struct{} // closed when the commit loop has exited
+	sweep  chan struct{} // closed when the sweeper has exited
+	closed atomic.Bool
+
+	// writeErr, once set, refuses every later write: a commit failed in a
+	// way that may have left the file and the page cache disagreeing (an
+	// fsync error). Reads keep working; reopening clears it.
+	writeErr atomic.Pointer[error]
+
+	// beforeCommit, when set (tests), runs just before each Commit; an error
+	// from it is handled as a failed commit.
+	beforeCommit func(*bbolt.Tx) error
+
+	mu     sync.Mutex
+	spaces map[string]bool // namespaces whose buckets exist
+}
+
+const (
+	opPending int32 = iota
+	opTaken
+	opCancelled
+)
+
+// op is one store operation waiting for the commit loop. apply runs inside
+// the write transaction; it returns the operation's own answer (nil or a
+// contract error such as ErrFenced, which does not stop the commit) and a
+// fatal error that aborts the transaction (the others are then re-applied in
+// a new one). apply may run more than once and must set its outputs afresh.
+type op struct {
+	apply func(tx *bbolt.Tx, now int64) (answer, fatal error)
+	state atomic.Int32
+	done  chan error
+}
+
+func (b *backend) writeDisabled() error {
+	if p := b.writeErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// do submits an operation and waits until the commit holding it is durable.
+func (b *backend) do(ctx context.Context, apply func(tx *bbolt.Tx, now int64) (error, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if b.closed.Load() {
+		return idem.ErrClosed
+	}
+	if err := b.writeDisabled(); err != nil {
+		return err
+	}
+	o := &op{apply: apply, done: make(chan error, 1)}
+	select {
+	case b.queue <- o:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.loop:
+		return idem.ErrClosed
+	}
+	select {
+	case err := <-o.done:
+		return err
+	case <-ctx.Done():
+		if o.state.CompareAndSwap(opPending, opCancelled) {
+			return ctx.Err()
+		}
+		select {
+		case err := <-o.done:
+			return err
+		default:
+		}
+		return fmt.Errorf("%w: boltstore: %w while its commit was in flight", idem.ErrUnknownOutcome, ctx.Err())
+	case <-b.loop:
+		if o.state.CompareAndSwap(opPending, opCancelled) {
+			return idem.ErrClosed
+		}
+		return <-o.done // the loop answers every op it took before exiting
+	}
+}
+
+// run is the commit loop: it takes every operation queued while the previous
+// commit was in flight and applies them in one transaction with one fsync.
+// No timer: a lone caller pays one commit, and under load the batch grows to
+// whatever arrived during the last fsync.
+func (b *backend) run() {
+	defer close(b.loop)
+	max := b.cfg.MaxBatch
+	if b.cfg.Fsync == FsyncAlways {
+		max = 1
+	}
+	batch := make([]*op, 0, max)
+	for {
+		select {
+		case <-b.stop:
+			for {
+				select {
+				case o := <-b.queue:
+					if o.state.CompareAndSwap(opPending, opTaken) {
+						o.done <- idem.ErrClosed
+					}
+				default:
+					return
+				}
+			}
+		case o := <-b.queue:
+			batch = append(batch[:0], o)
+		fill:
+			for len(batch) < max {
+				select {
+				case o := <-b.queue:
+					batch = append(batch, o)
+				default:
+					break fill
+				}
+			}
+			b.commit(batch)
+			clear(batch)
+		}
+	}
+}
+
+func (b *backend) commit(batch []*op) {
+	live := make([]*op, 0, len(batch))
+	for _, o := range batch {
+		if o.state.CompareAndSwap(opPending, opTaken) {
+			live = append(live, o)
+		}
+	}
+	answers := make([]error, len(live))
+	finish := func(err error) {
+		for i, o := range live {
+			if err != nil {
+				o.done <- err
+			} else {
+				o.done <- answers[i]
+			}
+		}
+	}
+	for len(live) > 0 {
+		if err := b.writeDisabled(); err != nil {
+			finish(err)
+			return
+		}
+		tx, err := b.bolt.Begin(true)
+		if err != nil {
+			finish(fmt.Errorf("%w: boltstore %s: begin: %w", idem.ErrUnavailable, b.cfg.Path, err))
+			return
+		}
+		now := b.cfg.Clock.Now().UnixNano()
+		bad := -1
+		for i, o := range live {
+			var fatal error
+			if answers[i], fatal = o.apply(tx, now); fatal != nil {
+				bad = i
+				answers[i] = fatal
+				break
+			}
+		}
+		if bad >= 0 {
+			// Drop the failing operation, answer it, re-run the rest.
+			_ = tx.Rollback()
+			live[bad].done <- answers[bad]
+			live = append(live[:bad], live[bad+1:]...)
+			answers = append(answers[:bad], answers[bad+1:]...)
+			continue
+		}
+		if b.beforeCommit != nil {
+			err = b.beforeCommit(tx)
+		}
+		if err == nil {
+			err = tx.Commit()
+		}
+		if err != nil {
+			_ = tx.Rollback()
+			finish(b.commitFailed(err))
+			return
+		}
+		finish(nil)
+		return
+	}
+}
+
+// commitFailed maps a failed commit. Running out of space (ENOSPC, EDQUOT,
+// EFBIG from a file-size limit) can only happen while bbolt grows the file
+// or writes data pages, before the meta page that makes a commit visible:
+// nothing was applied and later commits may succeed once space is freed.
+// Any other failure (an fsync error above all) may have left the meta page
+// on disk or lost pages the kernel reported written: the outcome is unknown
+// and the store refuses further writes until it is reopened, as PostgreSQL
+// does after an fsync failure, while reads go on.
+func (b *backend) commitFailed(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EFBIG) ||
+		errors.Is(err, bberrors.ErrMaxSizeReached) || strings.HasPrefix(err.Error(), "file resize error") {
+		b.cfg.Logger.Error("boltstore: commit failed: disk full; nothing applied", "path", b.cfg.Path, "err", err)
+		return fmt.Errorf("%w: boltstore %s: disk full, nothing written: %w", idem.ErrUnavailable, b.cfg.Path, err)
+	}
+	sticky := fmt.Errorf("%w: boltstore %s: writes disabled after a failed commit (reopen the store once the disk is healthy): %w", idem.ErrUnavailable, b.cfg.Path, err)
+	b.writeErr.CompareAndSwap(nil, &sticky)
+	b.cfg.Logger.Error("boltstore: commit failed; writes disabled until reopen", "path", b.cfg.Path, "err", err)
+	return fmt.Errorf("%w: boltstore %s: commit failed, it may or may not be on disk: %w", idem.ErrUnknownOutcome, b.cfg.Path, err)
+}
+
+// ensureNamespace creates the namespace's buckets if the file lacks them.
+func (b *backend) ensureNamespace(ns string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.spaces[ns] {
+		return nil
+	}
+	name := []byte(nsPrefix + ns)
+	err := b.bolt.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(name) == nil {
+			return bberrors.ErrBucketNotFound
+		}
+		return nil
+	})
+	if errors.Is(err, bberrors.ErrBucketNotFound) {
+		err = b.do(context.Background(), func(tx *bbolt.Tx, _ int64) (error, error) {
+			nb, err := tx.CreateBucketIfNotExists(name)
+			if err != nil {
+				return nil, err
+			}
+			for _, sub := range [][]byte{recordsBucket, expiryBucket, progressIndex} {
+				if _, err := nb.CreateBucketIfNotExists(sub); err != nil {
+					return nil, err
+				}
+			}
+			return nil, nil
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("boltstore %s: namespace %q: %w", b.cfg.Path, ns, err)
+	}
+	b.spaces[ns] = true
+	return nil
+}
+
+// sweeper purges expired records of every namespace, SweepChunk records per
+// transaction, each transaction queued with the claims like any operation.
+func (b *backend) sweeper() {
+	defer close(b.sweep)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-b.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	t := time.NewTicker(b.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+		}
+		var names []string
+		err := b.bolt.View(func(tx *bbolt.Tx) error {
+			return tx.ForEach(func(name []byte, _ *bbolt.Bucket) error {
+				if strings.HasPrefix(string(name), nsPrefix) {
+					names = append(names, string(name))
+				}
+				return nil
+			})
+		})
+		for _, name := range names {
+			if err != nil {
+				break
+			}
+			var n int
+			n, err = b.purge(ctx, []byte(name), 0)
+			if n > 0 {
+				b.cfg.Logger.Debug("boltstore: swept expired records", "path", b.cfg.Path, "namespace", name[len(nsPrefix):], "removed", n)
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			b.cfg.Logger.Warn("boltstore: sweep failed", "path", b.cfg.Path, "err", err)
+		}
+	}
+}
+
+// purge removes up to limit (<= 0: all) expired records of one namespace in
+// transactions of at most SweepChunk records.
+func (b *backend) purge(ctx context.Context, name []byte, limit int) (int, error) {
+	total := 0
+	for limit <= 0 || total < limit {
+		chunk := b.cfg.SweepChunk
+		if limit > 0 {
+			chunk = min(chunk, limit-total)
+		}
+		var n int
+		err := b.do(ctx, func(tx *bbolt.Tx, now int64) (error, error) {
+			var err error
+			n, err = purgeTx(tx, name, now, chunk)
+			return nil, err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if n < chunk {
+			break
+		}
+	}
+	return total, nil
+}

@@ -1,0 +1,25 @@
+// Package boltstore is the embedded, durable idem.Store: every record lives in
+// one bbolt file inside the process, so idem runs with no server and loses
+// nothing acknowledged when the process is killed (or, with fsync on every
+// commit, which is the only mode offered, when the power fails).
+//
+// Operations that write go through a commit loop: everything queued while
+// one commit is being fsynced is applied, in arrival order, in the next
+// transaction and shares its fsync (group commit). An operation returns only
+// after the commit holding it is durable; if that commit fails, every
+// operation in it fails and none is reported done. ClaimBatch is one
+// transaction.
+//
+// One file holds many namespaces (a bucket each); Open returns the handle of
+// Config.Namespace and Store.Namespace the others. Tokens come from the
+// namespace bucket's persistent sequence, so they grow across expiry, purge,
+// delete and restarts. An expiry index lets Purge and the background sweeper
+// remove expired records in small transactions at a cost proportional to
+// what expired. The store fails closed: a damaged or truncated file is
+// refused at Open (ErrCorrupt, naming the file and the problem), a file
+// locked by another process gives ErrInUse, a full disk fails the operation
+// with idem.ErrUnavailable and an fsync failure disables writes until the
+// store is reopened; reads keep working throughout.
+//
+// See docs/boltstore.md for the file layout and the operational trade-offs.
+package boltstore
