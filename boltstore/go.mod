@@ -7,6 +7,16 @@ require (
 	go.etcd.io/bbolt v1.5.0
 )
 
-require golang.org/x/sys v0.45.0 // indirect
+require (
+	github.com/anishathalye/porcupine v1.3.1 // indirect
+	golang.org/x/sys v0.45.0 // indirect
+)
 
 replace github.com/idem-dev/idem => ../
+
+require (
+	github.com/idem-dev/idem/storetest v0.0.0
+	go.uber.org/goleak v1.3.0
+)
+
+replace github.com/idem-dev/idem/storetest => ../storetest
