@@ -1,7 +1,22 @@
 module github.com/idem-dev/idem/redisstore
 
-go 1.26
+go 1.26.0
 
 require github.com/idem-dev/idem v0.0.0
 
+require (
+	github.com/anishathalye/porcupine v1.3.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
+
 replace github.com/idem-dev/idem => ../
+
+require (
+	github.com/idem-dev/idem/storetest v0.0.0
+	github.com/redis/go-redis/v9 v9.23.0
+	go.uber.org/goleak v1.3.0
+)
+
+replace github.com/idem-dev/idem/storetest => ../storetest

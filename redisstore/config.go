@@ -1,0 +1,124 @@
+package redisstore
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultPrefix      = "idem:"
+	DefaultShards      = 1024
+	DefaultWaitTimeout = 500 * time.Millisecond
+	DefaultBatchChunk  = 128
+	MaxShards          = 16384
+)
+
+// Config configures a Store. Client is required; every other field has a
+// default.
+type Config struct {
+	// Client is a *redis.Client, a *redis.ClusterClient or a failover
+	// (Sentinel) client, as made by redis.NewUniversalClient. The store does
+	// not close it unless CloseClient is set. Scripts are idempotent on a
+	// retry, so go-redis's own retries are safe (a retried Claim whose first
+	// run was applied reports OutcomeInProgress, never a second acquisition);
+	// MaxRetries: -1 makes a lost reply surface as ErrUnknownOutcome instead.
+	Client redis.UniversalClient
+
+	// Namespace separates the records of different applications on one
+	// Redis; see idem.ValidateNamespace. "" is the default namespace.
+	Namespace string
+
+	// Prefix starts every key (default "idem:"). It must not contain '{' or
+	// '}' (they would change the hash tag and so the cluster slot).
+	Prefix string
+
+	// Shards is the number of token counters per namespace (default 1024,
+	// at most 16384). A key's shard is part of its Redis key, so changing it
+	// on a live deployment hides every existing record: never change it
+	// after the first claim.
+	Shards int
+
+	// WaitReplicas, when > 0, sends WAIT WaitReplicas WaitTimeout after each
+	// write on the same connection; if fewer replicas acknowledge, the call
+	// returns ErrUnknownOutcome (the write is on the master but may be lost
+	// by a failover). Not supported with a *redis.ClusterClient.
+	WaitReplicas int
+	// WaitTimeout bounds WAIT (default 500ms).
+	WaitTimeout time.Duration
+
+	// BatchChunk is the most claims one batch script runs on a
+	// single-node Redis (default 128), so one huge batch does not stall the
+	// server for others; chunks are pipelined in one round trip.
+	BatchChunk int
+
+	// Logger gets the startup safety warnings (default slog.Default()).
+	Logger *slog.Logger
+
+	// SkipChecks skips the startup checks (maxmemory-policy) New runs.
+	SkipChecks bool
+
+	// CloseClient makes Close close Client too.
+	CloseClient bool
+}
+
+func (c *Config) setDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
+	}
+	if c.BatchChunk == 0 {
+		c.BatchChunk = DefaultBatchChunk
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate reports a configuration error (wrapping idem.ErrInvalidArgument).
+// It checks the values as given, with zero meaning "default".
+func (c Config) Validate() error {
+	if c.Client == nil {
+		return fmt.Errorf("%w: redisstore: Config.Client is nil", idem.ErrInvalidArgument)
+	}
+	if _, ok := c.Client.(*redis.Ring); ok {
+		return fmt.Errorf("%w: redisstore: *redis.Ring is not supported (it hashes keys client side and cannot run multi-key scripts safely); use a Client or ClusterClient", idem.ErrInvalidArgument)
+	}
+	if err := idem.ValidateNamespace(c.Namespace); err != nil {
+		return err
+	}
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return fmt.Errorf("%w: redisstore: Prefix %q must not contain '{' or '}'", idem.ErrInvalidArgument, c.Prefix)
+	}
+	if len(c.Prefix) > 128 {
+		return fmt.Errorf("%w: redisstore: Prefix is %d bytes, the limit is 128", idem.ErrInvalidArgument, len(c.Prefix))
+	}
+	if c.Shards < 0 || c.Shards > MaxShards {
+		return fmt.Errorf("%w: redisstore: Shards %d outside [1, %d]", idem.ErrInvalidArgument, c.Shards, MaxShards)
+	}
+	if c.WaitReplicas < 0 {
+		return fmt.Errorf("%w: redisstore: WaitReplicas %d < 0", idem.ErrInvalidArgument, c.WaitReplicas)
+	}
+	if c.WaitReplicas > 0 {
+		if _, ok := c.Client.(*redis.ClusterClient); ok {
+			return fmt.Errorf("%w: redisstore: WaitReplicas is not supported with a ClusterClient", idem.ErrInvalidArgument)
+		}
+	}
+	if c.WaitTimeout < 0 {
+		return fmt.Errorf("%w: redisstore: WaitTimeout %s < 0", idem.ErrInvalidArgument, c.WaitTimeout)
+	}
+	if c.BatchChunk < 0 || c.BatchChunk > 4096 {
+		return fmt.Errorf("%w: redisstore: BatchChunk %d outside [1, 4096]", idem.ErrInvalidArgument, c.BatchChunk)
+	}
+	return nil
+}

@@ -1,0 +1,31 @@
+// Package redisstore is an idem.Store on Redis (github.com/redis/go-redis/v9),
+// for a single node, Sentinel or a Redis Cluster alike (any
+// redis.UniversalClient except a Ring).
+//
+// Every write is ONE Lua script that reads the server's clock with TIME, so
+// all workers share one clock for leases, and checks the fencing token in
+// the same step as it changes the record. A record is a hash under
+//
+//	<Prefix><Namespace>:{<shard>}:k:<key bytes>
+//
+// with a PEXPIREAT at its ExpiresAt set on every write, so Redis itself
+// drops records past retention (Purge is a no-op that reports 0). Tokens
+// come from one counter per shard, <Prefix><Namespace>:{<shard>}:seq, in the
+// same hash slot as its records (the {shard} hash tag): a new token is
+// max(counter+1, server time in µs), which grows across release, expiry and
+// delete without keeping anything per key forever. See docs/redisstore.md
+// for the key layout, memory per record and the safety settings
+// (maxmemory-policy noeviction, WAIT, persistence).
+//
+// ClaimBatch claims many keys in one round trip: one script per chunk on a
+// single node, one script per shard pipelined per node on a cluster.
+//
+// Errors are mapped onto idem's: a refused connection or a server that
+// refuses the command (LOADING, READONLY, CLUSTERDOWN...) is
+// idem.ErrUnavailable; a lost reply or timeout after sending a write is
+// idem.ErrUnknownOutcome; OOM is idem.ErrUnavailable and idem.ErrCapacity.
+// The store never reports success it did not get from Redis.
+//
+// Package redislock (in this module) is a Redis lock with owner tokens,
+// reentrancy, a watchdog and fencing tokens.
+package redisstore

@@ -1,0 +1,95 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/redisstore"
+	"github.com/idem-dev/idem/redisstore/internal/redistest"
+	"github.com/idem-dev/idem/storetest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// uniquePrefix makes the keys of one test distinct from every other run on
+// the shared server.
+func uniquePrefix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "idemtest-" + hex.EncodeToString(b[:]) + ":"
+}
+
+// sharedClient connects to the shared Redis and fails when it is down.
+func sharedClient(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: redistest.SharedAddr, MaxRetries: -1})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		c.Close()
+		t.Fatalf("Redis at %s unreachable: %v", redistest.SharedAddr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dropPrefix deletes every key starting with prefix (on every master).
+func dropPrefix(t testing.TB, c redis.UniversalClient, prefix string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	del := func(ctx context.Context, n redis.Cmdable) error {
+		iter := n.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if err := n.Unlink(ctx, iter.Val()).Err(); err != nil {
+				return err
+			}
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return del(ctx, n) })
+	} else {
+		err = del(ctx, c)
+	}
+	if err != nil {
+		t.Errorf("cleanup of %s*: %v", prefix, err)
+	}
+}
+
+// factory builds stores on client with a prefix of their own, all sharing
+// the backend, and drops their keys in cleanup.
+func factory(client redis.UniversalClient) storetest.Factory {
+	return func(t testing.TB, ns string) idem.Store {
+		prefix := "idemtest-conf:"
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Namespace: ns, Prefix: prefix})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		t.Cleanup(func() {
+			s.Close()
+			dropPrefix(t, client, prefix+ns+":")
+		})
+		return s
+	}
+}
+
+var features = storetest.Features{Batch: true, Purge: true, List: true, Stats: true}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, factory(sharedClient(t)), features)
+}
+
+func TestConformanceCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	storetest.Run(t, factory(c), features)
+}

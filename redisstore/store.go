@@ -1,0 +1,353 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// Store is an idem.Store on Redis (single node, Sentinel or Cluster). It
+// also implements idem.BatchClaimer, idem.Purger, idem.Lister, idem.Stater
+// and idem.Pinger. Safe for concurrent use.
+type Store struct {
+	cfg     Config
+	client  redis.UniversalClient
+	cluster bool
+	base    string // Prefix + Namespace + ":{"
+	closed  atomic.Bool
+}
+
+var (
+	_ idem.Store        = (*Store)(nil)
+	_ idem.BatchClaimer = (*Store)(nil)
+	_ idem.Purger       = (*Store)(nil)
+	_ idem.Lister       = (*Store)(nil)
+	_ idem.Stater       = (*Store)(nil)
+	_ idem.Pinger       = (*Store)(nil)
+)
+
+// New validates cfg, applies defaults and returns a Store. Unless
+// cfg.SkipChecks is set it asks each master for maxmemory-policy and logs a
+// warning when it is not noeviction (an evicted record lets a duplicate
+// through). New does not fail when Redis is unreachable: every operation
+// fails closed until it is back.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	s := newStore(cfg)
+	if !cfg.SkipChecks {
+		s.checkEviction(ctx)
+	}
+	return s, nil
+}
+
+func newStore(cfg Config) *Store {
+	_, cluster := cfg.Client.(*redis.ClusterClient)
+	return &Store{cfg: cfg, client: cfg.Client, cluster: cluster, base: cfg.Prefix + cfg.Namespace + ":{"}
+}
+
+// Namespace returns a Store for another namespace on the same client and
+// settings. Closing it never closes the client.
+func (s *Store) Namespace(ns string) (*Store, error) {
+	if err := idem.ValidateNamespace(ns); err != nil {
+		return nil, err
+	}
+	cfg := s.cfg
+	cfg.Namespace, cfg.CloseClient = ns, false
+	return newStore(cfg), nil
+}
+
+func (s *Store) checkEviction(ctx context.Context) {
+	check := func(ctx context.Context, c *redis.Client) error {
+		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			s.cfg.Logger.Warn("redisstore: cannot read maxmemory-policy; make sure it is noeviction", "addr", c.Options().Addr, "err", err)
+			return nil
+		}
+		if p := v["maxmemory-policy"]; p != "noeviction" {
+			s.cfg.Logger.Warn("redisstore: maxmemory-policy is not noeviction: Redis may evict idempotency records under memory pressure and let duplicates through",
+				"addr", c.Options().Addr, "maxmemory-policy", p)
+		}
+		return nil
+	}
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		if err := c.ForEachMaster(ctx, check); err != nil {
+			s.cfg.Logger.Warn("redisstore: cannot check cluster masters", "err", err)
+		}
+	case *redis.Client:
+		_ = check(ctx, c)
+	}
+}
+
+// Close marks the store closed (later calls return idem.ErrClosed) and
+// closes the client if Config.CloseClient is set.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	if s.cfg.CloseClient {
+		return s.client.Close()
+	}
+	return nil
+}
+
+func (s *Store) begin(ctx context.Context) error {
+	if s.closed.Load() {
+		return idem.ErrClosed
+	}
+	return ctx.Err()
+}
+
+// shard picks the token counter of a key: FNV-1a, so the layout does not
+// depend on the client library.
+func (s *Store) shard(key []byte) string {
+	h := fnv.New32a()
+	h.Write(key)
+	return strconv.FormatUint(uint64(h.Sum32()%uint32(s.cfg.Shards)), 10)
+}
+
+// recordKey is Prefix+Namespace+":{shard}:k:"+key; seqKey is
+// Prefix+Namespace+":{shard}:seq". The hash tag {shard} puts a record and
+// its counter in one cluster slot, which one script needs.
+func (s *Store) recordKey(shard string, key []byte) string {
+	var b strings.Builder
+	b.Grow(len(s.base) + len(shard) + 4 + len(key))
+	b.WriteString(s.base)
+	b.WriteString(shard)
+	b.WriteString("}:k:")
+	b.Write(key)
+	return b.String()
+}
+
+func (s *Store) seqKey(shard string) string { return s.base + shard + "}:seq" }
+
+func (s *Store) keysOf(key []byte) (rec, seq string) {
+	sh := s.shard(key)
+	return s.recordKey(sh, key), s.seqKey(sh)
+}
+
+// Claim implements idem.Store with one script run.
+func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if err := idem.ValidateClaim(req); err != nil {
+		return idem.Claim{}, err
+	}
+	if err := s.begin(ctx); err != nil {
+		return idem.Claim{}, err
+	}
+	rk, sk := s.keysOf(req.Key)
+	c := &call{script: claimScript, keys: []string{rk, sk}, args: claimArgs(nil, req)}
+	if err := s.run(ctx, []*call{c}, "claim"); err != nil {
+		return idem.Claim{}, err
+	}
+	res, err := decodeClaims(c.cmd, []idem.ClaimRequest{req})
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	return res[0].Claim, res[0].Err
+}
+
+func claimArgs(args []any, req idem.ClaimRequest) []any {
+	return append(args, req.Fingerprint, req.Lease.Milliseconds(), req.TTL.Milliseconds())
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result []byte) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateResult(result); err != nil {
+		return err
+	}
+	return s.update(ctx, "c", key, token, result)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause string) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	return s.update(ctx, "r", key, token, cause)
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key []byte, token uint64, cause string) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	return s.update(ctx, "f", key, token, cause)
+}
+
+// Extend implements idem.Store.
+func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time.Duration) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateLease(lease); err != nil {
+		return err
+	}
+	return s.update(ctx, "e", key, token, lease.Milliseconds())
+}
+
+func (s *Store) update(ctx context.Context, op string, key []byte, token uint64, arg any) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	rk, _ := s.keysOf(key)
+	c := &call{script: updateScript, keys: []string{rk}, args: []any{op, strconv.FormatUint(token, 10), arg}}
+	if err := s.run(ctx, []*call{c}, opName(op)); err != nil {
+		return err
+	}
+	n, err := c.cmd.Int64()
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: unexpected reply: %w", opName(op), err)
+	}
+	switch n {
+	case 1:
+		return nil
+	case 0:
+		return fmt.Errorf("%w: key %q", idem.ErrNotFound, trunc(key))
+	default:
+		return fmt.Errorf("%w: key %q token %d", idem.ErrFenced, trunc(key), token)
+	}
+}
+
+func opName(op string) string {
+	switch op {
+	case "c":
+		return "complete"
+	case "r":
+		return "release"
+	case "f":
+		return "fail"
+	}
+	return "extend"
+}
+
+// Get implements idem.Store with one HMGET (a read; Redis hides expired
+// keys itself).
+func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
+	if err := idem.ValidateKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	if err := s.begin(ctx); err != nil {
+		return idem.Record{}, err
+	}
+	rk, _ := s.keysOf(key)
+	vals, err := s.client.HMGet(ctx, rk, recordFields...).Result()
+	if err != nil {
+		return idem.Record{}, mapErr(ctx, err, "get", false)
+	}
+	if vals[0] == nil {
+		return idem.Record{}, fmt.Errorf("%w: key %q", idem.ErrNotFound, trunc(key))
+	}
+	return decodeRecord(key, vals)
+}
+
+// Delete implements idem.Store (admin eviction). The shard counter stays,
+// so a later claim still gets a larger token.
+func (s *Store) Delete(ctx context.Context, key []byte) error {
+	if err := idem.ValidateKey(key); err != nil {
+		return err
+	}
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	rk, _ := s.keysOf(key)
+	if err := s.client.Del(ctx, rk).Err(); err != nil {
+		return mapErr(ctx, err, "delete", true)
+	}
+	return nil
+}
+
+// Ping implements idem.Pinger: PING every master (one for a single node).
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	var err error
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
+	} else {
+		err = s.client.Ping(ctx).Err()
+	}
+	return mapErr(ctx, err, "ping", false)
+}
+
+// Purge implements idem.Purger as a no-op that reports 0: every record
+// carries a PEXPIREAT at its ExpiresAt, and Redis removes expired keys by
+// itself (lazily on access and by its active expiry cycle), so there is
+// nothing for a purger to do.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	return 0, nil
+}
+
+func trunc(k []byte) []byte {
+	if len(k) > 64 {
+		return k[:64]
+	}
+	return k
+}
+
+// mapErr maps go-redis errors onto idem's. write says whether the command
+// may have changed data, which decides between ErrUnavailable (surely not
+// applied) and ErrUnknownOutcome (maybe applied).
+func mapErr(ctx context.Context, err error, op string, write bool) error {
+	if err == nil {
+		return nil
+	}
+	unknown := idem.ErrUnavailable
+	if write {
+		unknown = idem.ErrUnknownOutcome
+	}
+	var rerr redis.Error
+	switch {
+	case errors.As(err, &rerr):
+		msg := strings.TrimPrefix(rerr.Error(), "ERR ")
+		switch {
+		case strings.HasPrefix(msg, "OOM"):
+			return fmt.Errorf("%w: %w: redisstore: %s: %w", idem.ErrUnavailable, idem.ErrCapacity, op, err)
+		case hasAnyPrefix(msg, "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM"):
+			// The server refused the command before running it.
+			return fmt.Errorf("%w: redisstore: %s: %w", idem.ErrUnavailable, op, err)
+		}
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	case errors.Is(err, redis.ErrClosed):
+		return fmt.Errorf("%w: %w: redisstore: %s: %w", idem.ErrUnavailable, idem.ErrClosed, op, err)
+	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), isDialError(err):
+		// Nothing was sent.
+		return fmt.Errorf("%w: redisstore: %s: %w", idem.ErrUnavailable, op, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil:
+		return fmt.Errorf("%w: redisstore: %s: %w", unknown, op, err)
+	}
+	// EOF, connection reset, read timeout: the command may have run.
+	return fmt.Errorf("%w: redisstore: %s: %w", unknown, op, err)
+}
+
+func hasAnyPrefix(s string, ps ...string) bool {
+	for _, p := range ps {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
