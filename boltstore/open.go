@@ -86,9 +86,14 @@ func checkMeta(f *os.File, size int64) error {
 	if m0.valid {
 		m1 = read(int64(m0.pageSize))
 	} else {
-		for _, ps := range []int64{int64(os.Getpagesize()), 4096, 8192, 16384, 65536} {
-			if m1 = read(ps); m1.valid {
+		// Meta 0 holds the page size; without it, try the usual ones.
+		m1 = read(int64(os.Getpagesize()))
+		for _, ps := range []int64{4096, 8192, 16384, 65536} {
+			if m1.valid {
 				break
+			}
+			if m := read(ps); m.valid {
+				m1 = m
 			}
 		}
 	}
@@ -167,15 +172,17 @@ func openFile(cfg *Config) (*bbolt.DB, error) {
 			return nil, fail(fmt.Errorf("%w: fsync directory: %w", idem.ErrUnavailable, err))
 		}
 	}
-	if err := initFormat(db); err != nil {
+	// Check before the first write: nothing is written over a damaged file.
+	fresh, err := checkFormat(db)
+	if err == nil && existed && !cfg.SkipVerify {
+		err = verify(db)
+	}
+	if err == nil && fresh {
+		err = stampFormat(db)
+	}
+	if err != nil {
 		db.Close()
 		return nil, fail(err)
-	}
-	if existed && !cfg.SkipVerify {
-		if err := verify(db); err != nil {
-			db.Close()
-			return nil, fail(err)
-		}
 	}
 	return db, nil
 }
@@ -189,10 +196,11 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// initFormat stamps a new file and checks the stamp of an existing one. A
-// bbolt file with buckets but no stamp belongs to someone else.
-func initFormat(db *bbolt.DB) error {
-	return db.Update(func(tx *bbolt.Tx) error {
+// checkFormat reports whether the file still needs its format stamp, and
+// refuses a bbolt file that has buckets but no stamp (someone else's) or a
+// stamp of another format. It only reads.
+func checkFormat(db *bbolt.DB) (fresh bool, err error) {
+	err = db.View(func(tx *bbolt.Tx) error {
 		if m := tx.Bucket(metaBucket); m != nil {
 			if got := m.Get(formatKey); string(got) != string(formatTag) {
 				return fmt.Errorf("%w: format %q, this build reads %q", ErrCorrupt, got, formatTag)
@@ -207,7 +215,15 @@ func initFormat(db *bbolt.DB) error {
 		if other != nil {
 			return fmt.Errorf("%w: a bbolt file with bucket %q but no boltstore format stamp: not a boltstore file", ErrCorrupt, other)
 		}
-		m, err := tx.CreateBucket(metaBucket)
+		fresh = true
+		return nil
+	})
+	return fresh, err
+}
+
+func stampFormat(db *bbolt.DB) error {
+	return db.Update(func(tx *bbolt.Tx) error {
+		m, err := tx.CreateBucketIfNotExists(metaBucket)
 		if err != nil {
 			return err
 		}
@@ -246,7 +262,7 @@ func verify(db *bbolt.DB) (err error) {
 				return fmt.Errorf("%w: namespace bucket %q lacks a sub-bucket", ErrCorrupt, name)
 			}
 			return r.ForEach(func(k, v []byte) error {
-				if _, err := decode(v); err != nil {
+				if _, err := decode(k, v); err != nil {
 					return fmt.Errorf("%w: namespace %q key %q: %w", ErrCorrupt, name[len(nsPrefix):], k, err)
 				}
 				return nil

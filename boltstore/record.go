@@ -35,12 +35,13 @@ type rec struct {
 	lastErr    string
 }
 
-// encode lays the record out as: version, state, uvarint token, uvarint
+// encode lays the record of key out as: version, state, uvarint token, uvarint
 // attempts, varint ttl/leaseUntil/expiresAt/created/updated, then
 // length-prefixed fingerprint, last error and result, and a CRC-32C of all of
-// it. bbolt checksums only its meta pages; the CRC makes a flipped bit in a
-// data page an error instead of a silently different record.
-func (r *rec) encode() []byte {
+// it and of the key. bbolt checksums only its meta pages; the CRC makes a
+// flipped bit in a data page (in the value or in the key it is filed under)
+// an error instead of a silently different record.
+func (r *rec) encode(key []byte) []byte {
 	b := make([]byte, 0, 2+5*binary.MaxVarintLen64+2*binary.MaxVarintLen64+3*binary.MaxVarintLen32+len(r.fp)+len(r.result)+len(r.lastErr)+4)
 	b = append(b, recordVersion, byte(r.state))
 	b = binary.AppendUvarint(b, r.token)
@@ -54,18 +55,18 @@ func (r *rec) encode() []byte {
 	b = append(b, r.lastErr...)
 	b = binary.AppendUvarint(b, uint64(len(r.result)))
 	b = append(b, r.result...)
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return binary.LittleEndian.AppendUint32(b, crc32.Update(crc32.Checksum(b, castagnoli), castagnoli, key))
 }
 
-// decode parses a stored record, copying every slice out of v (bbolt memory
+// decode parses the stored record of key, copying every slice out of v (bbolt memory
 // is only valid inside the transaction).
-func decode(v []byte) (rec, error) {
+func decode(key, v []byte) (rec, error) {
 	var r rec
 	if len(v) < 2+4 {
 		return r, fmt.Errorf("%w: record of %d bytes", errCorrupt, len(v))
 	}
 	body, sum := v[:len(v)-4], binary.LittleEndian.Uint32(v[len(v)-4:])
-	if crc32.Checksum(body, castagnoli) != sum {
+	if crc32.Update(crc32.Checksum(body, castagnoli), castagnoli, key) != sum {
 		return r, fmt.Errorf("%w: record checksum mismatch", errCorrupt)
 	}
 	if body[0] != recordVersion {

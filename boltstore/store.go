@@ -127,7 +127,7 @@ func (sp space) load(key []byte) (*rec, error) {
 	if v == nil {
 		return nil, nil
 	}
-	r, err := decode(v)
+	r, err := decode(key, v)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w: key %q: %w", idem.ErrUnavailable, ErrCorrupt, key, err)
 	}
@@ -165,7 +165,7 @@ func (sp space) put(key []byte, old, r *rec) error {
 			return err
 		}
 	}
-	return sp.r.Put(key, r.encode())
+	return sp.r.Put(key, r.encode(key))
 }
 
 // del removes the record old of key and its index entries.
