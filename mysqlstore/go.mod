@@ -4,4 +4,17 @@ go 1.26
 
 require github.com/idem-dev/idem v0.0.0
 
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/anishathalye/porcupine v1.3.1 // indirect
+)
+
 replace github.com/idem-dev/idem => ../
+
+require (
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/idem-dev/idem/storetest v0.0.0
+	go.uber.org/goleak v1.3.0
+)
+
+replace github.com/idem-dev/idem/storetest => ../storetest

@@ -1,0 +1,71 @@
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/idem-dev/idem"
+)
+
+// MariaDB/MySQL error numbers the store acts on.
+const (
+	erDupEntry        = 1062 // duplicate key
+	erLockWaitTimeout = 1205 // innodb_lock_wait_timeout: another transaction holds the row
+	erLockDeadlock    = 1213 // deadlock: the whole transaction was rolled back
+	erNoSuchTable     = 1146
+)
+
+func isServerErr(err error, num uint16) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == num
+}
+
+// IsRetryable reports whether err means the transaction was rolled back by a
+// deadlock (1213) and may simply be run again. DoTx retries these itself;
+// callers managing their own transaction around ClaimTx use it.
+func IsRetryable(err error) bool { return isServerErr(err, erLockDeadlock) }
+
+// mapErr maps a driver error onto the store's sentinels. write says whether
+// the failed call could have changed data: a connection lost after a write
+// was sent is ErrUnknownOutcome, while an error answered by the server (the
+// statement, run in autocommit, was rolled back) or a failure to connect is
+// ErrUnavailable.
+func mapErr(err error, write bool) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) {
+		return err
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnavailable, err)
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		// database/sql only surfaces ErrBadConn before anything was sent.
+		return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnavailable, err)
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnavailable, err)
+	}
+	if !write {
+		return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnavailable, err)
+	}
+	// Context cancelled mid-statement, mysql.ErrInvalidConn, EOF, reset:
+	// the statement may have committed.
+	return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnknownOutcome, err)
+}
+
+// ctxErr reports a context already done, before any I/O.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,762 @@
+package mysqlstore
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem"
+)
+
+// Record states as stored in the state column (the idem.State values).
+const (
+	stInProgress = int(idem.StateInProgress)
+	stCompleted  = int(idem.StateCompleted)
+	stFailed     = int(idem.StateFailed)
+	stReleased   = int(idem.StateReleased)
+)
+
+// Store is an idem.Store on a MariaDB/MySQL table. It also implements
+// idem.BatchClaimer, Purger, Lister, Stater and Pinger, and the transactional
+// ClaimTx / CompleteTx / DoTx.
+type Store struct {
+	cfg    Config
+	db     *sql.DB
+	n      names
+	ns     []byte
+	nsLit  string
+	closed atomic.Bool
+}
+
+var (
+	_ idem.Store        = (*Store)(nil)
+	_ idem.BatchClaimer = (*Store)(nil)
+	_ idem.Purger       = (*Store)(nil)
+	_ idem.Lister       = (*Store)(nil)
+	_ idem.Stater       = (*Store)(nil)
+	_ idem.Pinger       = (*Store)(nil)
+)
+
+// Open validates cfg, checks that the schema was migrated for it, and
+// returns a Store. It does not create tables: call Migrate first (or run the
+// mysqlstore-migrate command).
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctxErr(ctx); err != nil {
+		return nil, err
+	}
+	c := cfg.withDefaults()
+	s := &Store{cfg: c, db: c.DB, n: namesOf(c), ns: []byte(c.Namespace), nsLit: hexStr([]byte(c.Namespace))}
+	if err := checkSchema(ctx, c, s.n); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close marks the store closed; later calls return idem.ErrClosed. The
+// *sql.DB belongs to the caller and stays open.
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+func (s *Store) check(ctx context.Context) error {
+	if s.closed.Load() {
+		return idem.ErrClosed
+	}
+	return ctxErr(ctx)
+}
+
+// loc is where a key lives: its table and primary-key values.
+type loc struct {
+	table string
+	hash  [16]byte
+	kt    int64 // key_time, timed layouts only
+}
+
+func (s *Store) locate(key []byte) (loc, error) {
+	if err := idem.ValidateKey(key); err != nil {
+		return loc{}, err
+	}
+	l := loc{hash: keyHash(key)}
+	if s.cfg.Layout.timed() {
+		t, err := s.cfg.KeyTime(key)
+		if err != nil {
+			if !errors.Is(err, idem.ErrInvalidKey) {
+				err = fmt.Errorf("%w: %w", idem.ErrInvalidKey, err)
+			}
+			return loc{}, err
+		}
+		l.kt = t.UnixMicro()
+	}
+	if s.cfg.Layout == LayoutSharded {
+		l.table = s.n.tables[binary.BigEndian.Uint32(l.hash[:4])%uint32(len(s.n.tables))]
+	} else {
+		l.table = s.n.tables[0]
+	}
+	return l, nil
+}
+
+// pk writes the primary-key predicate: plain column equalities, so the
+// lookup is one index dive (never CONCAT or a function on a column).
+func (s *Store) pk(sb *strings.Builder, l loc) {
+	sb.WriteString("ns = ")
+	sb.WriteString(s.nsLit)
+	if s.cfg.Layout.timed() {
+		sb.WriteString(" AND key_time = ")
+		intLit(sb, l.kt)
+	}
+	sb.WriteString(" AND key_hash = ")
+	hexLit(sb, l.hash[:])
+}
+
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+const recCols = "k, state, token, nonce, fp, result, attempts, last_error, lease_until, expires_at, created_at, updated_at"
+
+type row struct {
+	rec   idem.Record
+	nonce uint64
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRow(sc scanner, extra ...any) (row, error) {
+	var (
+		r                            row
+		state                        int
+		result                       []byte
+		lastErr                      []byte
+		lease, exp, created, updated int64
+		attempts                     int64
+	)
+	if err := sc.Scan(append([]any{&r.rec.Key, &state, &r.rec.Token, &r.nonce, &r.rec.Fingerprint, &result, &attempts, &lastErr, &lease, &exp, &created, &updated}, extra...)...); err != nil {
+		return row{}, err
+	}
+	r.rec.State = idem.State(state)
+	if len(result) > 0 {
+		r.rec.Result = result
+	}
+	if len(r.rec.Fingerprint) == 0 {
+		r.rec.Fingerprint = nil
+	}
+	r.rec.Attempts = int(attempts)
+	r.rec.LastError = string(lastErr)
+	r.rec.LeaseUntil = time.UnixMicro(lease).UTC()
+	r.rec.ExpiresAt = time.UnixMicro(exp).UTC()
+	r.rec.CreatedAt = time.UnixMicro(created).UTC()
+	r.rec.UpdatedAt = time.UnixMicro(updated).UTC()
+	return r, nil
+}
+
+var errCollision = errors.New("mysqlstore: key hash collision (two keys share SHA-256[:16]); refusing to serve the other key's record")
+
+// ---- claims ----
+
+// item is one key of a claim statement.
+type item struct {
+	idx   int // position in the caller's batch
+	req   idem.ClaimRequest
+	l     loc
+	nonce uint64
+	// filled by the statement
+	got      row
+	ok       bool
+	acquired bool
+}
+
+// claimSQL builds one INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING for
+// items that share a table. The whole claim decision happens inside the
+// statement under the row lock: a new key is inserted; an existing row is
+// taken over only when the IF() conditions on its current values say so
+// (expired record, released, or in progress with a lapsed lease and no
+// fingerprint conflict). RETURNING gives back every row as it stands after
+// the statement, so the caller learns each outcome without a second read.
+func (s *Store) claimSQL(table string, items []*item) string {
+	var sb strings.Builder
+	sb.Grow(256 + len(items)*(400+2*idem.MaxKeyLen))
+	if s.cfg.LockWait > 0 {
+		secs := int64((s.cfg.LockWait + time.Second - 1) / time.Second)
+		sb.WriteString("SET STATEMENT innodb_lock_wait_timeout = ")
+		intLit(&sb, secs)
+		sb.WriteString(" FOR ")
+	}
+	sb.WriteString("INSERT INTO ")
+	sb.WriteString(table)
+	sb.WriteString(" (ns, ")
+	if s.cfg.Layout.timed() {
+		sb.WriteString("key_time, ")
+	}
+	sb.WriteString("key_hash, k, state, token, nonce, fp, result, attempts, last_error, ttl_us, lease_until, expires_at, created_at, updated_at) VALUES ")
+	for i, it := range items {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteByte('(')
+		sb.WriteString(s.nsLit)
+		sb.WriteByte(',')
+		if s.cfg.Layout.timed() {
+			intLit(&sb, it.l.kt)
+			sb.WriteByte(',')
+		}
+		hexLit(&sb, it.l.hash[:])
+		sb.WriteByte(',')
+		hexLit(&sb, it.req.Key)
+		sb.WriteString(",1,NEXTVAL(")
+		sb.WriteString(s.n.seq)
+		sb.WriteString("),")
+		uintLit(&sb, it.nonce)
+		sb.WriteByte(',')
+		hexLit(&sb, it.req.Fingerprint)
+		sb.WriteString(",NULL,1,'',")
+		lease := it.req.Lease.Microseconds()
+		ttl := it.req.TTL.Microseconds()
+		intLit(&sb, ttl)
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte('+')
+		intLit(&sb, lease)
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte('+')
+		intLit(&sb, max(ttl, lease))
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte(')')
+	}
+	// ON DUPLICATE KEY UPDATE assigns left to right and later assignments
+	// see earlier ones, so the decision is taken once, on the old values,
+	// into @idem_take / @idem_fresh, and every column follows it.
+	// VALUES(updated_at) is the statement's now.
+	sb.WriteString(` ON DUPLICATE KEY UPDATE
+ updated_at = IF(@idem_take := ((@idem_fresh := (expires_at <= VALUES(updated_at)))
+    OR ((state = 4 OR (state = 1 AND lease_until <= VALUES(updated_at)))
+        AND NOT (fp <> '' AND VALUES(fp) <> '' AND fp <> VALUES(fp)))), VALUES(updated_at), updated_at),
+ token = IF(@idem_take, NEXTVAL(`)
+	sb.WriteString(s.n.seq)
+	sb.WriteString(`), token),
+ nonce = IF(@idem_take, VALUES(nonce), nonce),
+ attempts = IF(@idem_take, IF(@idem_fresh, 1, attempts + 1), attempts),
+ fp = IF(@idem_fresh OR (@idem_take AND fp = ''), VALUES(fp), fp),
+ result = IF(@idem_fresh, NULL, result),
+ last_error = IF(@idem_fresh, '', last_error),
+ created_at = IF(@idem_fresh, VALUES(created_at), created_at),
+ ttl_us = IF(@idem_take, VALUES(ttl_us), ttl_us),
+ lease_until = IF(@idem_take, VALUES(lease_until), lease_until),
+ expires_at = IF(@idem_take, VALUES(expires_at), expires_at),
+ state = IF(@idem_take, 1, state)
+RETURNING ` + recCols)
+	return sb.String()
+}
+
+// execClaims runs one claim statement and matches the returned rows to
+// items by raw key (unique within a statement).
+func (s *Store) execClaims(ctx context.Context, q querier, table string, items []*item) error {
+	query := s.claimSQL(table, items)
+	rows, err := q.QueryContext(ctx, query)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	byKey := make(map[string]*item, len(items))
+	for _, it := range items {
+		byKey[string(it.req.Key)] = it
+	}
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			return err
+		}
+		it := byKey[string(r.rec.Key)]
+		if it == nil {
+			return errCollision
+		}
+		it.got, it.ok = r, true
+		it.acquired = r.nonce == it.nonce && r.rec.State == idem.StateInProgress
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, it := range items {
+		if !it.ok {
+			return errCollision // a row came back under another key
+		}
+	}
+	return nil
+}
+
+func fpConflict(stored, req []byte) bool {
+	return len(stored) > 0 && len(req) > 0 && !bytes.Equal(stored, req)
+}
+
+// outcome turns a returned row into the claim result for req.
+func outcome(r row, acquired bool, req idem.ClaimRequest) (idem.Claim, error) {
+	rec := r.rec
+	if acquired {
+		return idem.Claim{Outcome: idem.OutcomeAcquired, Record: rec}, nil
+	}
+	if fpConflict(rec.Fingerprint, req.Fingerprint) {
+		return idem.Claim{}, fmt.Errorf("%w: key %q", idem.ErrFingerprintMismatch, truncKey(req.Key))
+	}
+	switch rec.State {
+	case idem.StateCompleted:
+		return idem.Claim{Outcome: idem.OutcomeCompleted, Record: rec}, nil
+	case idem.StateFailed:
+		return idem.Claim{Outcome: idem.OutcomeFailed, Record: rec}, nil
+	case idem.StateInProgress:
+		return idem.Claim{Outcome: idem.OutcomeInProgress, Record: rec}, nil
+	}
+	return idem.Claim{}, fmt.Errorf("%w: mysqlstore: claim left key %q in state %s", idem.ErrUnknownOutcome, truncKey(req.Key), rec.State)
+}
+
+func truncKey(k []byte) []byte {
+	if len(k) > 64 {
+		return k[:64]
+	}
+	return k
+}
+
+func newNonce() uint64 { return rand.Uint64() | 1 }
+
+// Claim implements idem.Store: one INSERT ... ON DUPLICATE KEY UPDATE ...
+// RETURNING statement in autocommit, i.e. one atomic operation and one
+// round trip. Deadlocks (1213) are retried.
+func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	if err := idem.ValidateClaim(req); err != nil {
+		return idem.Claim{}, err
+	}
+	l, err := s.locate(req.Key)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	if err := s.check(ctx); err != nil {
+		return idem.Claim{}, err
+	}
+	return s.claimOne(ctx, s.db, req, l, true)
+}
+
+func (s *Store) claimOne(ctx context.Context, q querier, req idem.ClaimRequest, l loc, retry bool) (idem.Claim, error) {
+	it := &item{req: req, l: l, nonce: newNonce()}
+	err := s.retry(ctx, retry, func() error { return s.execClaims(ctx, q, l.table, []*item{it}) })
+	if err != nil {
+		return idem.Claim{}, s.claimErr(req.Key, err)
+	}
+	return outcome(it.got, it.acquired, req)
+}
+
+// claimErr maps a failed claim statement. A lock wait timeout means a
+// transaction (DoTx) is working on the key right now: report it in progress.
+func (s *Store) claimErr(key []byte, err error) error {
+	if errors.Is(err, errCollision) {
+		return err
+	}
+	if isServerErr(err, erLockWaitTimeout) {
+		return &lockWaitError{in: idem.InProgressError{Key: key, LeaseUntil: time.Now().Add(time.Second)}, err: err}
+	}
+	return mapErr(err, true)
+}
+
+// lockWaitError is an idem.InProgressError that also unwraps to the driver
+// error (1205).
+type lockWaitError struct {
+	in  idem.InProgressError
+	err error
+}
+
+func (e *lockWaitError) Error() string                     { return e.in.Error() + " (row locked by another transaction)" }
+func (e *lockWaitError) Is(target error) bool              { return target == idem.ErrInProgress }
+func (e *lockWaitError) Unwrap() error                     { return e.err }
+func (e *lockWaitError) InProgress() *idem.InProgressError { return &e.in }
+
+// retry runs fn, again after a deadlock (the statement was rolled back, so
+// nothing was applied), at most TxRetries more times.
+func (s *Store) retry(ctx context.Context, enabled bool, fn func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := fn()
+		if err == nil || !enabled || !IsRetryable(err) || attempt >= s.cfg.TxRetries {
+			return err
+		}
+		s.cfg.Logger.DebugContext(ctx, "mysqlstore: deadlock, retrying", "attempt", attempt+1)
+		t := time.NewTimer(time.Duration(1+rand.IntN(5<<attempt)) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// ClaimBatch implements idem.BatchClaimer. Distinct keys go into one
+// multi-row INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING per table (per
+// shard in LayoutSharded, run in parallel) and per MaxBatch rows: for the
+// single, time-ordered and partitioned layouts a batch of up to MaxBatch keys
+// is one statement and one round trip. Rows are sorted by primary key so
+// concurrent batches lock in the same order (fewer deadlocks).
+//
+// A key that appears again later in the batch is answered as claiming it
+// again right after its previous entry would be: from the row the statement
+// returned (in progress, completed, failed, or a fingerprint mismatch). Only
+// an entry following a mismatch, whose own fingerprint might take the key
+// over, needs another statement.
+func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]idem.BatchResult, len(reqs))
+	type keyState struct {
+		occ  []int
+		next int
+		last *item // last entry sent to SQL for the key
+		lerr error // its error (mismatch) if any
+	}
+	keys := map[string]*keyState{}
+	var order []*keyState
+	items := make([]*item, len(reqs))
+	for i, r := range reqs {
+		if err := idem.ValidateClaim(r); err != nil {
+			out[i].Err = err
+			continue
+		}
+		l, err := s.locate(r.Key)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		items[i] = &item{idx: i, req: r, l: l}
+		ks := keys[string(r.Key)]
+		if ks == nil {
+			ks = &keyState{}
+			keys[string(r.Key)] = ks
+			order = append(order, ks)
+		}
+		ks.occ = append(ks.occ, i)
+	}
+	applied := false
+	for {
+		var round []*item
+		for _, ks := range order {
+			for ks.next < len(ks.occ) {
+				it := items[ks.occ[ks.next]]
+				if ks.last == nil || errors.Is(ks.lerr, idem.ErrFingerprintMismatch) {
+					it.nonce = newNonce()
+					round = append(round, it)
+					break
+				}
+				// Derived: the previous entry left the record as ks.last.got.
+				out[it.idx].Claim, out[it.idx].Err = outcome(ks.last.got, false, it.req)
+				ks.next++
+			}
+		}
+		if len(round) == 0 {
+			return out, nil
+		}
+		if err := s.runRound(ctx, round); err != nil {
+			if applied {
+				err = fmt.Errorf("%w: mysqlstore: batch partly applied: %w", idem.ErrUnknownOutcome, err)
+			}
+			return nil, err
+		}
+		applied = true
+		for _, it := range round {
+			ks := keys[string(it.req.Key)]
+			out[it.idx].Claim, out[it.idx].Err = outcome(it.got, it.acquired, it.req)
+			ks.last, ks.lerr = it, out[it.idx].Err
+			ks.next++
+		}
+	}
+}
+
+// runRound executes the statements of one round: per table, sorted, in
+// chunks of MaxBatch; tables in parallel.
+func (s *Store) runRound(ctx context.Context, round []*item) error {
+	byTable := map[string][]*item{}
+	var tables []string
+	for _, it := range round {
+		if _, ok := byTable[it.l.table]; !ok {
+			tables = append(tables, it.l.table)
+		}
+		byTable[it.l.table] = append(byTable[it.l.table], it)
+	}
+	var chunks [][]*item
+	var chunkTable []string
+	for _, t := range tables {
+		its := byTable[t]
+		slices.SortFunc(its, func(a, b *item) int {
+			if a.l.kt != b.l.kt {
+				if a.l.kt < b.l.kt {
+					return -1
+				}
+				return 1
+			}
+			return bytes.Compare(a.l.hash[:], b.l.hash[:])
+		})
+		for len(its) > 0 {
+			n := min(len(its), s.cfg.MaxBatch)
+			chunks = append(chunks, its[:n])
+			chunkTable = append(chunkTable, t)
+			its = its[n:]
+		}
+	}
+	errs := make([]error, len(chunks))
+	run := func(i int) {
+		errs[i] = s.retry(ctx, true, func() error { return s.execClaims(ctx, s.db, chunkTable[i], chunks[i]) })
+	}
+	if len(chunks) == 1 {
+		run(0)
+	} else {
+		var wg sync.WaitGroup
+		for i := range chunks {
+			wg.Go(func() { run(i) })
+		}
+		wg.Wait()
+	}
+	var firstErr error
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	if firstErr == nil {
+		return nil
+	}
+	if failed < len(chunks) {
+		return fmt.Errorf("%w: mysqlstore: %d of %d batch statements failed: %w", idem.ErrUnknownOutcome, failed, len(chunks), firstErr)
+	}
+	if isServerErr(firstErr, erLockWaitTimeout) {
+		// Every statement timed out on a locked row: nothing applied.
+		return fmt.Errorf("%w: mysqlstore: batch waited too long for a row lock: %w", idem.ErrUnavailable, firstErr)
+	}
+	return s.claimErr(nil, firstErr)
+}
+
+// ---- token operations ----
+
+type finishOp struct {
+	name   string
+	set    func(sb *strings.Builder) // SET clause without updated_at
+	target idem.State                // state a repeat with the same token finds
+}
+
+// finish applies a token operation: one conditional UPDATE; only when it
+// changed nothing, one read to tell not-found, fenced and an idempotent
+// repeat apart.
+func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64, op finishOp) error {
+	l, err := s.locate(key)
+	if err != nil {
+		return err
+	}
+	var sb strings.Builder
+	sb.WriteString("UPDATE ")
+	sb.WriteString(l.table)
+	sb.WriteString(" SET ")
+	op.set(&sb)
+	sb.WriteString(", updated_at = " + nowUS + " WHERE ")
+	s.pk(&sb, l)
+	sb.WriteString(" AND token = ")
+	uintLit(&sb, token)
+	sb.WriteString(" AND state = 1 AND expires_at > " + nowUS)
+	var res sql.Result
+	err = s.retry(ctx, q == querier(s.db), func() error {
+		var err error
+		res, err = q.ExecContext(ctx, sb.String())
+		return err
+	})
+	if err != nil {
+		return mapErr(err, true)
+	}
+	if n, err := res.RowsAffected(); err == nil && n > 0 {
+		return nil
+	}
+	sb.Reset()
+	sb.WriteString("SELECT state, token FROM ")
+	sb.WriteString(l.table)
+	sb.WriteString(" WHERE ")
+	s.pk(&sb, l)
+	sb.WriteString(" AND k = ")
+	hexLit(&sb, key)
+	sb.WriteString(" AND expires_at > " + nowUS)
+	var st int
+	var cur uint64
+	err = q.QueryRowContext(ctx, sb.String()).Scan(&st, &cur)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("%w: key %q", idem.ErrNotFound, truncKey(key))
+	}
+	if err != nil {
+		return mapErr(err, false)
+	}
+	if cur == token && idem.State(st) == op.target {
+		return nil
+	}
+	return fmt.Errorf("%w: %s key %q with token %d (current token %d, state %s)", idem.ErrFenced, op.name, truncKey(key), token, cur, idem.State(st))
+}
+
+func completeOp(result []byte) finishOp {
+	return finishOp{name: "complete", target: idem.StateCompleted, set: func(sb *strings.Builder) {
+		sb.WriteString("state = 2, result = ")
+		if len(result) == 0 {
+			sb.WriteString("NULL")
+		} else {
+			hexLit(sb, result)
+		}
+		sb.WriteString(", expires_at = " + nowUS + " + ttl_us")
+	}}
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result []byte) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateResult(result); err != nil {
+		return err
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return s.finish(ctx, s.db, key, token, completeOp(result))
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause string) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return s.finish(ctx, s.db, key, token, finishOp{name: "release", target: idem.StateReleased, set: func(sb *strings.Builder) {
+		sb.WriteString("state = 4")
+		if cause != "" {
+			sb.WriteString(", last_error = ")
+			hexLit(sb, []byte(cause))
+		}
+	}})
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key []byte, token uint64, cause string) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return s.finish(ctx, s.db, key, token, finishOp{name: "fail", target: idem.StateFailed, set: func(sb *strings.Builder) {
+		sb.WriteString("state = 3, last_error = ")
+		hexLit(sb, []byte(cause))
+		sb.WriteString(", expires_at = " + nowUS + " + ttl_us")
+	}})
+}
+
+// Extend implements idem.Store.
+func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time.Duration) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateLease(lease); err != nil {
+		return err
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	us := fmt.Sprint(lease.Microseconds())
+	return s.finish(ctx, s.db, key, token, finishOp{name: "extend", target: idem.StateInProgress, set: func(sb *strings.Builder) {
+		sb.WriteString("lease_until = " + nowUS + " + " + us + ", expires_at = GREATEST(expires_at, " + nowUS + " + " + us + ")")
+	}})
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
+	l, err := s.locate(key)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	if err := s.check(ctx); err != nil {
+		return idem.Record{}, err
+	}
+	return s.get(ctx, s.db, key, l, "")
+}
+
+func (s *Store) get(ctx context.Context, q querier, key []byte, l loc, suffix string) (idem.Record, error) {
+	var sb strings.Builder
+	sb.WriteString("SELECT " + recCols + " FROM ")
+	sb.WriteString(l.table)
+	sb.WriteString(" WHERE ")
+	s.pk(&sb, l)
+	sb.WriteString(" AND expires_at > " + nowUS + suffix)
+	r, err := scanRow(q.QueryRowContext(ctx, sb.String()))
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Record{}, fmt.Errorf("%w: key %q", idem.ErrNotFound, truncKey(key))
+	}
+	if err != nil {
+		return idem.Record{}, mapErr(err, false)
+	}
+	if !bytes.Equal(r.rec.Key, key) {
+		return idem.Record{}, errCollision
+	}
+	return r.rec, nil
+}
+
+// Delete implements idem.Store (admin eviction). Tokens come from the
+// sequence, so a later claim still gets a larger one.
+func (s *Store) Delete(ctx context.Context, key []byte) error {
+	l, err := s.locate(key)
+	if err != nil {
+		return err
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	var sb strings.Builder
+	sb.WriteString("DELETE FROM ")
+	sb.WriteString(l.table)
+	sb.WriteString(" WHERE ")
+	s.pk(&sb, l)
+	sb.WriteString(" AND k = ")
+	hexLit(&sb, key)
+	err = s.retry(ctx, true, func() error {
+		_, err := s.db.ExecContext(ctx, sb.String())
+		return err
+	})
+	return mapErr(err, true)
+}
+
+// Ping implements idem.Pinger: the server answers and the table exists.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	rows, err := s.db.QueryContext(ctx, "SELECT 1 FROM "+s.n.tables[0]+" LIMIT 0")
+	if err != nil {
+		return mapErr(err, false)
+	}
+	return mapErr(rows.Close(), false)
+}
