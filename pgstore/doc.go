@@ -1,0 +1,29 @@
+// Package pgstore is a PostgreSQL idem.Store on github.com/jackc/pgx/v5.
+//
+// Records live in a table keyed by (namespace, 16-byte SHA-256 of the key),
+// with the raw key beside the hash, so keys of any bytes and any length up
+// to idem.MaxKeyLen are compared exactly and never hit PostgreSQL's index
+// entry size limit. Leases and retention use the database clock
+// (statement_timestamp()), shared by every worker. Tokens come from one
+// sequence per table, drawn under the row lock on takeover, so they grow
+// per key across expiry, purge and Delete.
+//
+// A claim is one statement: INSERT ... ON CONFLICT DO UPDATE ... WHERE
+// <takeover allowed> RETURNING, which also reads the conflicting row in the
+// same statement when the takeover is not allowed. ClaimBatch runs the same
+// statement over unnest()ed arrays: one round trip for the whole batch.
+//
+// Transactional use: ClaimTx/CompleteTx take the caller's pgx.Tx, and DoTx
+// runs the caller's effect between claim and completion in ONE transaction,
+// retrying serialization failures and resolving a COMMIT whose answer was
+// lost by reading the record.
+//
+// Layouts (Config.Layout): a single table; N hash shards; a time-ordered
+// index for keys that carry their own time (UUIDv7, ULID, Snowflake), which
+// makes inserts append at the right edge of the index; and declarative time
+// partitions on that key time, whose retention drops whole partitions once
+// every record in them has expired.
+//
+// Run Migrate (or cmd/pgstore-migrate) before use. See docs/pgstore.md for
+// the design and docs/benchmarks/pgstore.md for measurements.
+package pgstore

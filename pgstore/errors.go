@@ -1,0 +1,86 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idem-dev/idem"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// SQLSTATE codes the store acts on.
+const (
+	codeUniqueViolation      = "23505"
+	codeCheckViolation       = "23514" // also "no partition of relation found for row"
+	codeSerializationFailure = "40001"
+	codeDeadlockDetected     = "40P01"
+	codeDuplicateTable       = "42P07"
+	codeLockNotAvailable     = "55P03"
+)
+
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// IsSerializationFailure reports whether err is a serialization failure or
+// a deadlock: the transaction was rolled back and may be run again.
+func IsSerializationFailure(err error) bool {
+	c := pgCode(err)
+	return c == codeSerializationFailure || c == codeDeadlockDetected
+}
+
+func isNoPartition(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == codeCheckViolation && pe.ConstraintName == "" // our tables have no CHECK constraints
+}
+
+// retryable reports whether an autocommit statement that failed with err
+// may simply be run again: the server rolled it back for a transient reason.
+func (s *Store) retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	switch pgCode(err) {
+	case codeSerializationFailure, codeDeadlockDetected, codeUniqueViolation:
+		// 23505 cannot come from the arbiter index of ON CONFLICT; it can
+		// when a concurrent migration or partition swap races the insert.
+		return true
+	case codeCheckViolation:
+		return isNoPartition(err)
+	}
+	return false
+}
+
+// mapErr maps a driver error onto the idem sentinels, keeping the cause:
+//   - the server answered with an error: the statement was rolled back,
+//     nothing applied -> ErrUnavailable;
+//   - the request never left (pool exhausted, connect refused, closed
+//     connection detected before sending) -> ErrUnavailable;
+//   - anything else during a write (connection lost or context cancelled
+//     mid-statement) -> ErrUnknownOutcome: read the record before deciding.
+func (s *Store) mapErr(ctx context.Context, err error, write bool) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) || errors.Is(err, idem.ErrInvalidArgument) {
+		return err
+	}
+	if errors.Is(err, errSettle) {
+		return fmt.Errorf("%w: pgstore: claim did not settle after %d attempts under contention", idem.ErrUnavailable, maxSettle)
+	}
+	var pe *pgconn.PgError
+	var ce *pgconn.ConnectError
+	switch {
+	case errors.As(err, &pe):
+		return fmt.Errorf("%w: pgstore: %w", idem.ErrUnavailable, err)
+	case errors.As(err, &ce), pgconn.SafeToRetry(err), !write:
+		return fmt.Errorf("%w: pgstore: %w", idem.ErrUnavailable, err)
+	}
+	_ = ctx
+	return fmt.Errorf("%w: pgstore: %w", idem.ErrUnknownOutcome, err)
+}
