@@ -522,7 +522,7 @@ SELECT r.key_hash, ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` +
 		mutComplete: `state = 2, result = ` + p(2) + `::bytea, updated_at = ` + now + `, expires_at = ` + now + ` + r.ttl_us` + us,
 		mutRelease:  `state = 4, last_error = CASE WHEN ` + p(2) + `::text = '' THEN r.last_error ELSE ` + p(2) + `::text END, updated_at = ` + now,
 		mutFail:     `state = 3, last_error = ` + p(2) + `::text, updated_at = ` + now + `, expires_at = ` + now + ` + r.ttl_us` + us,
-		mutExtend: `lease_until = ` + now + ` + ` + p(2) + `::bigint` + us + `, expires_at = greatest(r.expires_at, ` + now + ` + ` + p(2) + `::bigint` + us + `), updated_at = ` + now,
+		mutExtend:   `lease_until = ` + now + ` + ` + p(2) + `::bigint` + us + `, expires_at = greatest(r.expires_at, ` + now + ` + ` + p(2) + `::bigint` + us + `), updated_at = ` + now,
 	}
 	for m, set := range mutSet {
 		s.mut[m] = `WITH upd AS (UPDATE ` + T + ` r SET ` + set + `
