@@ -1,0 +1,35 @@
+// Package consumer is idem's broker-neutral consumer runtime: it pulls
+// deliveries from any broker.Subscriber and runs a handler on each through
+// an idem.Guard, so each message's effect happens once however often the
+// broker delivers it.
+//
+// Per delivery: the W3C trace context is taken from the traceparent header
+// (TraceFromContext); the idempotency key (MessageIDKey, BusinessKey,
+// JSONBusinessKey, JSONFieldsKey or your own KeyFunc) and a payload
+// fingerprint are computed; the guard claims the key; then
+//
+//   - new: the handler runs (retried in process for short backoffs, with
+//     Acker.InProgress heartbeats while it runs); its completion is
+//     recorded and only then the message is acked;
+//   - already completed (a duplicate): acked without running;
+//   - in progress elsewhere: nak'ed with delay = the holder's remaining
+//     lease, never acked (it may still fail);
+//   - handler failed: the key is released and the message nak'ed with
+//     exponential backoff; after MaxAttempts (or at once for
+//     idem.Permanent errors) the key is marked failed and the message is
+//     dead-lettered exactly once (the publish is itself guarded), then
+//     terminated;
+//   - store down: fail closed, nak with StoreDownDelay, nothing runs;
+//   - no usable key, or the key reused with another payload: dead-letter
+//     (or reject, MissingKeyReject) — never silent processing.
+//
+// Messages with the same order key (Message.Key, else the idempotency key)
+// go to one worker in order; different keys run in parallel on Workers
+// workers; at most MaxInFlight messages are fetched and unsettled at once.
+// Run drains on shutdown. With a BatchHandler, each worker buffers up to
+// Batch.Size messages or Batch.Wait, claims them in one store round trip
+// (idem.Guard.AcquireBatch) and runs the handler on the new ones. Steps
+// builds multi-step flows that resume at the first unfinished step.
+//
+// broker/membroker is an in-memory broker for tests and examples.
+package consumer
