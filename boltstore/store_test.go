@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
 	"github.com/idem-dev/idem"
@@ -129,5 +133,133 @@ func TestClosed(t *testing.T) {
 	}
 	if _, err := os.Stat(s.Path()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An fsync or write error that is not "disk full" leaves the outcome unknown:
+// the operation fails with idem.ErrUnknownOutcome, later writes are refused
+// until the store is reopened, and reads go on. (The failure is injected just
+// before bbolt's Commit: bbolt's file I/O cannot be intercepted.)
+func TestFsyncFailureDisablesWrites(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t, func(c *Config) { c.SweepInterval = -1 })
+	c, err := s.Claim(ctx, claimReq("before"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, []byte("before"), c.Record.Token, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	s.b.beforeCommit = func(*bbolt.Tx) error { return &os.PathError{Op: "sync", Path: s.Path(), Err: syscall.EIO} }
+	_, err = s.Claim(ctx, claimReq("during"))
+	if !errors.Is(err, idem.ErrUnknownOutcome) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("claim during fsync failure: %v", err)
+	}
+	s.b.beforeCommit = nil
+	if _, err := s.Claim(ctx, claimReq("after")); !errors.Is(err, idem.ErrUnavailable) {
+		t.Fatalf("claim after fsync failure: %v", err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, idem.ErrUnavailable) {
+		t.Fatalf("ping after fsync failure: %v", err)
+	}
+	if r, err := s.Get(ctx, []byte("before")); err != nil || string(r.Result) != "ok" {
+		t.Fatalf("read after fsync failure: %+v %v", r, err)
+	}
+	if c, err := s.Claim(ctx, claimReq("before")); err != nil || c.Outcome != idem.OutcomeCompleted {
+		t.Fatalf("replay after fsync failure: %+v %v", c, err)
+	}
+	path := s.Path()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if _, err := s2.Get(ctx, []byte("during")); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("rolled-back claim is visible: %v", err)
+	}
+	if c, err := s2.Claim(ctx, claimReq("after")); err != nil || c.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("claim after reopen: %+v %v", c, err)
+	}
+}
+
+// Every operation of a failed group commit fails; none is reported done.
+func TestGroupCommitFailsTogether(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t, func(c *Config) { c.SweepInterval = -1 })
+	gate := make(chan struct{})
+	var commits atomic.Int32
+	s.b.beforeCommit = func(*bbolt.Tx) error {
+		if commits.Add(1) == 1 {
+			<-gate // hold the first commit so that the others queue up
+			return nil
+		}
+		return &os.PathError{Op: "write", Path: s.Path(), Err: syscall.ENOSPC}
+	}
+	first := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, claimReq("first")); first <- err }()
+	for commits.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	const n = 20
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { _, err := s.Claim(ctx, claimReq(fmt.Sprint("k", i))); errs <- err }()
+	}
+	time.Sleep(50 * time.Millisecond) // let them queue behind the held commit
+	close(gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for range n {
+		if err := <-errs; err != nil {
+			if !errors.Is(err, idem.ErrUnavailable) {
+				t.Fatalf("want ErrUnavailable, got %v", err)
+			}
+			failed++
+		}
+	}
+	for i := range n {
+		_, err := s.Get(ctx, []byte(fmt.Sprint("k", i)))
+		if !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("k%d present after its commit failed: %v", i, err)
+		}
+	}
+	if failed != n {
+		t.Fatalf("%d of %d failed", failed, n)
+	}
+	t.Logf("%d commits for %d operations", commits.Load(), n+1)
+}
+
+// A caller whose context ends while its operation waits in the queue gets
+// the context's error and the operation is dropped, not applied later.
+func TestContextCancelledInQueue(t *testing.T) {
+	s := openTemp(t, func(c *Config) { c.SweepInterval = -1 })
+	gate := make(chan struct{})
+	var once sync.Once
+	s.b.beforeCommit = func(*bbolt.Tx) error { once.Do(func() { <-gate }); return nil }
+	go s.Claim(context.Background(), claimReq("holder"))
+	time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, claimReq("queued")); res <- err }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	err := <-res
+	close(gate)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("want context.Canceled, got %v", err)
+	}
+	if errors.Is(err, idem.ErrUnknownOutcome) {
+		return // it had been taken into the held commit already
+	}
+	if _, err := s.Claim(context.Background(), claimReq("sync")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(context.Background(), []byte("queued")); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("cancelled claim was applied: %v", err)
 	}
 }
