@@ -1,7 +1,22 @@
 module github.com/idem-dev/idem/kafkabroker
 
-go 1.26
+go 1.26.0
 
 require github.com/idem-dev/idem v0.0.0
 
+require github.com/stretchr/testify v1.11.1 // indirect
+
+require (
+	github.com/idem-dev/idem/brokertest v0.0.0
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kadm v1.20.0
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1
+	go.uber.org/goleak v1.3.0
+)
+
 replace github.com/idem-dev/idem => ../
+
+replace github.com/idem-dev/idem/brokertest => ../brokertest
