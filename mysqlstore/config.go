@@ -101,10 +101,10 @@ type Config struct {
 	// to the catch-all partition pmax.
 	Precreate int
 	// Retention is how long after a partition's end DropExpiredPartitions
-	// waits before it even looks at the partition (default: MaxTTL of the
-	// contract is far too long, so 0 means 8 days). It must be at least the
-	// longest TTL plus the longest lease the application uses; the drop also
-	// checks that no record in the partition is still live.
+	// waits before it even looks at the partition (default 8 days, at least
+	// 1m). Set it to at least the longest TTL plus the longest lease the
+	// application uses; the drop also checks that no record in the
+	// partition is still live, so a short Retention costs a scan, not data.
 	Retention time.Duration
 	// Archive copies purged rows and dropped partitions into
 	// <table>_history before removing them.
@@ -200,8 +200,8 @@ func (c Config) Validate() error {
 		if c.Precreate < 0 || c.Precreate > 366 {
 			return bad("precreate %d outside [0, 366]", c.Precreate)
 		}
-		if c.Retention < time.Hour {
-			return bad("retention %s below 1h", c.Retention)
+		if c.Retention < time.Minute {
+			return bad("retention %s below 1m", c.Retention)
 		}
 	default:
 		return bad("unknown layout %d", c.Layout)
