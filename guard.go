@@ -33,6 +33,7 @@ type Guard struct {
 	cfg   guardConfig
 	hooks hookSet
 	log   *slog.Logger
+	beats *beater // nil when the heartbeat is off
 }
 
 // NewGuard returns a guard over store. It fails on an invalid option.
@@ -58,10 +59,23 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	}
 	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks), log: cfg.logger}
 	g.batch, _ = store.(BatchClaimer)
+	if cfg.heartbeat > 0 {
+		g.beats = newBeater(g, cfg.heartbeat)
+	}
 	if cfg.redelivery > 0 {
 		_ = g.CheckRedeliveryWindow(cfg.redelivery)
 	}
 	return g, nil
+}
+
+// Close stops the guard's heartbeat goroutine (it also stops by itself when
+// no claim is held). Claims still held stop being extended. It does not
+// close the store.
+func (g *Guard) Close() error {
+	if g.beats != nil {
+		g.beats.close()
+	}
+	return nil
 }
 
 // Store returns the guard's store.
@@ -116,16 +130,19 @@ func (g *Guard) Do(ctx context.Context, key []byte, fn Func, opts ...CallOption)
 // whose lease is kept alive by a heartbeat until Complete or Release; on a
 // replay it returns a nil Held and the stored result. Errors are as for Do.
 func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*Held, Result, error) {
-	var cc callConfig
-	for _, o := range opts {
-		o(&cc)
-	}
-	req := ClaimRequest{Key: key, Fingerprint: cc.fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}
-	if cc.lease != 0 {
-		req.Lease = cc.lease
-	}
-	if cc.ttl != 0 {
-		req.TTL = cc.ttl
+	req := ClaimRequest{Key: key, Lease: g.cfg.lease, TTL: g.cfg.ttl}
+	if len(opts) > 0 { // cc escapes through the option funcs: pay only when used
+		cc := new(callConfig)
+		for _, o := range opts {
+			o(cc)
+		}
+		req.Fingerprint = cc.fingerprint
+		if cc.lease != 0 {
+			req.Lease = cc.lease
+		}
+		if cc.ttl != 0 {
+			req.TTL = cc.ttl
+		}
 	}
 	var start time.Time
 	if g.hooks.timed() {
@@ -265,12 +282,21 @@ type Held struct {
 	open     bool // fail-open pass: nothing in the store
 	start    time.Time
 
+	// heartbeat list links, guarded by shard.mu; shard is set once by add
+	prev, next *Held
+	linked     bool
+	shard      *beatShard
+	lastBeat   time.Time
+	beating    bool
+
 	mu      sync.Mutex
-	timer   *time.Timer
 	settled bool
 	lost    bool
+	lostErr error
 	done    chan struct{} // made on demand by Done
+	cctx    context.Context
 	cancel  context.CancelCauseFunc
+	hctx    heldCtx // the handler's context, inside Held to save an allocation
 }
 
 // Key returns the held key.
@@ -300,41 +326,9 @@ func (h *Held) Done() <-chan struct{} {
 }
 
 func (h *Held) startHeartbeat() {
-	if h.g.cfg.heartbeat <= 0 {
-		return
+	if h.g.beats != nil {
+		h.g.beats.add(h)
 	}
-	h.mu.Lock()
-	h.timer = time.AfterFunc(h.g.cfg.heartbeat, h.beat)
-	h.mu.Unlock()
-}
-
-func (h *Held) beat() {
-	h.mu.Lock()
-	if h.settled || h.lost {
-		h.mu.Unlock()
-		return
-	}
-	h.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), h.g.cfg.heartbeat)
-	err := h.g.store.Extend(ctx, h.key, h.token, h.lease)
-	cancel()
-	if err != nil && (errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound)) {
-		h.mu.Lock()
-		settled := h.settled
-		h.mu.Unlock()
-		if !settled {
-			h.markLost(context.Background(), err)
-		}
-		return
-	}
-	if err != nil {
-		h.g.log.Warn("idem: lease heartbeat failed; retrying", "key", string(truncKey(h.key)), "err", err)
-	}
-	h.mu.Lock()
-	if !h.settled && !h.lost {
-		h.timer.Reset(h.g.cfg.heartbeat)
-	}
-	h.mu.Unlock()
 }
 
 func (h *Held) markLost(ctx context.Context, err error) {
@@ -344,41 +338,64 @@ func (h *Held) markLost(ctx context.Context, err error) {
 		return
 	}
 	h.lost = true
+	h.lostErr = fmt.Errorf("%w: %w", ErrLeaseLost, err)
 	if h.done != nil {
 		close(h.done)
 	}
 	cancel := h.cancel
 	h.mu.Unlock()
-	if cancel != nil {
-		cancel(fmt.Errorf("%w: %w", ErrLeaseLost, err))
-	}
 	h.g.log.Warn("idem: claim lost while held (lease expired and taken over, or deleted)", "key", string(truncKey(h.key)), "token", h.token, "err", err)
 	for _, hk := range h.g.hooks.lost {
 		hk.OnLeaseLost(ctx, h.key, h.token, err)
+	}
+	if cancel != nil {
+		cancel(h.lostErr)
 	}
 }
 
 func (h *Held) stopHeartbeat() {
 	h.mu.Lock()
 	h.settled = true
-	if h.timer != nil {
-		h.timer.Stop()
-	}
 	h.mu.Unlock()
+	if h.g.beats != nil {
+		h.g.beats.remove(h)
+	}
 }
 
 type heldKey struct{}
 
+// heldCtx is the handler's context. The cancellable context behind it is
+// made only when the handler asks for Done, Err or a cause: most handlers
+// hand ctx to a driver that does, but a pure in-memory effect pays nothing.
 type heldCtx struct {
-	context.Context
-	h *Held
+	parent context.Context
+	h      *Held
 }
+
+func (c *heldCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *heldCtx) Done() <-chan struct{}       { return c.h.cancelCtx(c.parent).Done() }
+func (c *heldCtx) Err() error                  { return c.h.cancelCtx(c.parent).Err() }
 
 func (c *heldCtx) Value(k any) any {
 	if k == (heldKey{}) {
 		return c.h
 	}
-	return c.Context.Value(k)
+	// context.Cause finds the cancel cause through Value.
+	return c.h.cancelCtx(c.parent).Value(k)
+}
+
+// cancelCtx returns the context that is cancelled when the claim is lost,
+// making it on first use.
+func (h *Held) cancelCtx(parent context.Context) context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cctx == nil {
+		h.cctx, h.cancel = context.WithCancelCause(parent)
+		if h.lost {
+			h.cancel(h.lostErr)
+		}
+	}
+	return h.cctx
 }
 
 // TokenFromContext returns the fencing token of the claim whose handler is
@@ -392,22 +409,20 @@ func TokenFromContext(ctx context.Context) (uint64, bool) {
 }
 
 func (h *Held) run(ctx context.Context, fn Func) (val []byte, err error) {
-	cctx, cancel := context.WithCancelCause(ctx)
-	h.mu.Lock()
-	h.cancel = cancel
-	lost := h.lost
-	h.mu.Unlock()
-	if lost {
-		cancel(ErrLeaseLost)
-	}
-	defer cancel(nil)
 	defer func() {
+		h.mu.Lock()
+		cancel := h.cancel
+		h.mu.Unlock()
+		if cancel != nil {
+			cancel(nil)
+		}
 		if r := recover(); r != nil {
 			_ = h.Release(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", r))
 			panic(r)
 		}
 	}()
-	return fn(&heldCtx{Context: cctx, h: h})
+	h.hctx = heldCtx{parent: ctx, h: h}
+	return fn(&h.hctx)
 }
 
 // settleCtx keeps a settle running when the caller's context is cancelled

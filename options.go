@@ -36,8 +36,10 @@ func (c *guardConfig) validate() error {
 	if c.maxAttempts < 0 {
 		return fmt.Errorf("%w: guard: max attempts %d < 0", ErrInvalidArgument, c.maxAttempts)
 	}
-	if c.heartbeat > 0 && c.heartbeat >= c.lease {
-		return fmt.Errorf("%w: guard: heartbeat %s must be shorter than the lease %s", ErrInvalidArgument, c.heartbeat, c.lease)
+	if c.heartbeat > c.lease/2 {
+		// Beats land up to a quarter interval late; half the lease leaves room
+		// for that and for one failed Extend.
+		return fmt.Errorf("%w: guard: heartbeat %s must be at most half the lease %s", ErrInvalidArgument, c.heartbeat, c.lease)
 	}
 	if c.completeRetries < 0 {
 		return fmt.Errorf("%w: guard: complete retries %d < 0", ErrInvalidArgument, c.completeRetries)

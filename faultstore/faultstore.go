@@ -1,0 +1,187 @@
+// Package faultstore wraps an idem.Store to inject faults: a store that is
+// down, calls that fail N times, calls that are applied but whose answer is
+// lost (unknown outcome), and delays. Tests of the guard, the consumer
+// runtime and the fault harness use it to reproduce the fault catalogue
+// (F4, F10, F17) deterministically.
+package faultstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem"
+)
+
+// Op names a Store method.
+type Op string
+
+const (
+	OpClaim    Op = "claim"
+	OpBatch    Op = "batch"
+	OpComplete Op = "complete"
+	OpRelease  Op = "release"
+	OpFail     Op = "fail"
+	OpExtend   Op = "extend"
+	OpGet      Op = "get"
+	OpDelete   Op = "delete"
+)
+
+// Fault is one injected failure.
+type Fault struct {
+	Err error // returned to the caller (default idem.ErrUnavailable)
+	// Applied: the call reaches the inner store first and only its answer
+	// is lost, as when a connection drops after the server committed.
+	Applied bool
+	Times   int           // how many calls it affects (0: until cleared)
+	Delay   time.Duration // sleep before the call (honouring ctx)
+}
+
+// Store is a fault-injecting idem.Store. It forwards idem.BatchClaimer to
+// the inner store when the inner store has it.
+type Store struct {
+	inner  idem.Store
+	mu     sync.Mutex
+	faults map[Op]*Fault
+	down   bool
+	calls  map[Op]int
+}
+
+// New wraps inner.
+func New(inner idem.Store) *Store {
+	return &Store{inner: inner, faults: map[Op]*Fault{}, calls: map[Op]int{}}
+}
+
+// Inject sets the fault for op, replacing any earlier one.
+func (s *Store) Inject(op Op, f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f.Err == nil {
+		f.Err = idem.ErrUnavailable
+	}
+	s.faults[op] = &f
+}
+
+// Clear removes every fault and brings the store back up.
+func (s *Store) Clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = map[Op]*Fault{}
+	s.down = false
+}
+
+// SetDown makes every call fail with idem.ErrUnavailable (store outage).
+func (s *Store) SetDown(down bool) {
+	s.mu.Lock()
+	s.down = down
+	s.mu.Unlock()
+}
+
+// Calls reports how many calls of op were made (faulted or not).
+func (s *Store) Calls(op Op) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[op]
+}
+
+// before returns the fault for this call, if any; applied reports whether
+// the inner call must still run.
+func (s *Store) before(ctx context.Context, op Op) (err error, applied bool) {
+	s.mu.Lock()
+	s.calls[op]++
+	if s.down {
+		s.mu.Unlock()
+		return fmt.Errorf("faultstore: %s: store down: %w", op, idem.ErrUnavailable), false
+	}
+	f := s.faults[op]
+	if f == nil {
+		s.mu.Unlock()
+		return nil, true
+	}
+	if f.Times > 0 {
+		f.Times--
+		if f.Times == 0 {
+			delete(s.faults, op)
+		}
+	}
+	fc := *f
+	s.mu.Unlock()
+	if fc.Delay > 0 {
+		t := time.NewTimer(fc.Delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err(), false
+		case <-t.C:
+		}
+	}
+	return fmt.Errorf("faultstore: %s: %w", op, fc.Err), fc.Applied
+}
+
+func do[T any](s *Store, ctx context.Context, op Op, call func() (T, error)) (T, error) {
+	ferr, apply := s.before(ctx, op)
+	var zero T
+	if !apply {
+		return zero, ferr
+	}
+	v, err := call()
+	if ferr != nil {
+		return zero, ferr
+	}
+	return v, err
+}
+
+type none struct{}
+
+func do0(s *Store, ctx context.Context, op Op, call func() error) error {
+	_, err := do(s, ctx, op, func() (none, error) { return none{}, call() })
+	return err
+}
+
+func (s *Store) Claim(ctx context.Context, r idem.ClaimRequest) (idem.Claim, error) {
+	return do(s, ctx, OpClaim, func() (idem.Claim, error) { return s.inner.Claim(ctx, r) })
+}
+
+func (s *Store) Complete(ctx context.Context, k []byte, tok uint64, res []byte) error {
+	return do0(s, ctx, OpComplete, func() error { return s.inner.Complete(ctx, k, tok, res) })
+}
+
+func (s *Store) Release(ctx context.Context, k []byte, tok uint64, cause string) error {
+	return do0(s, ctx, OpRelease, func() error { return s.inner.Release(ctx, k, tok, cause) })
+}
+
+func (s *Store) Fail(ctx context.Context, k []byte, tok uint64, cause string) error {
+	return do0(s, ctx, OpFail, func() error { return s.inner.Fail(ctx, k, tok, cause) })
+}
+
+func (s *Store) Extend(ctx context.Context, k []byte, tok uint64, lease time.Duration) error {
+	return do0(s, ctx, OpExtend, func() error { return s.inner.Extend(ctx, k, tok, lease) })
+}
+
+func (s *Store) Get(ctx context.Context, k []byte) (idem.Record, error) {
+	return do(s, ctx, OpGet, func() (idem.Record, error) { return s.inner.Get(ctx, k) })
+}
+
+func (s *Store) Delete(ctx context.Context, k []byte) error {
+	return do0(s, ctx, OpDelete, func() error { return s.inner.Delete(ctx, k) })
+}
+
+func (s *Store) Close() error { return s.inner.Close() }
+
+// BatchStore is a Store whose inner store is an idem.BatchClaimer.
+type BatchStore struct{ *Store }
+
+// ClaimBatch forwards to the inner store's batch claim.
+func (s BatchStore) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	b := s.inner.(idem.BatchClaimer)
+	return do(s.Store, ctx, OpBatch, func() ([]idem.BatchResult, error) { return b.ClaimBatch(ctx, reqs) })
+}
+
+// WithBatch returns s as an idem.BatchClaimer too when its inner store is one.
+func (s *Store) WithBatch() idem.Store {
+	if _, ok := s.inner.(idem.BatchClaimer); ok {
+		return BatchStore{s}
+	}
+	return s
+}

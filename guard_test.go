@@ -1,0 +1,417 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/faultstore"
+	"github.com/idem-dev/idem/memstore"
+)
+
+func newMem(t testing.TB) *memstore.Store {
+	t.Helper()
+	s, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func newGuard(t testing.TB, s idem.Store, opts ...idem.Option) *idem.Guard {
+	t.Helper()
+	g, err := idem.NewGuard(s, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+var ctx = context.Background()
+
+func TestDoRunsOnceUnderContention(t *testing.T) {
+	g := newGuard(t, newMem(t))
+	var runs atomic.Int32
+	var wg sync.WaitGroup
+	var inProgress, replays atomic.Int32
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := g.Do(ctx, []byte("order-42"), func(ctx context.Context) ([]byte, error) {
+				runs.Add(1)
+				time.Sleep(5 * time.Millisecond)
+				return []byte("charged"), nil
+			})
+			switch {
+			case errors.Is(err, idem.ErrInProgress):
+				inProgress.Add(1)
+			case err != nil:
+				t.Error(err)
+			case r.Replayed:
+				replays.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if runs.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", runs.Load())
+	}
+	r, err := g.Do(ctx, []byte("order-42"), func(context.Context) ([]byte, error) {
+		t.Fatal("handler ran for a completed key")
+		return nil, nil
+	})
+	if err != nil || !r.Replayed || string(r.Value) != "charged" {
+		t.Fatalf("replay = %+v, %v", r, err)
+	}
+	t.Logf("64 callers: 1 run, %d in progress, %d replays", inProgress.Load(), replays.Load())
+}
+
+func TestHandlerErrorReleases(t *testing.T) {
+	s := newMem(t)
+	g := newGuard(t, s)
+	boom := errors.New("downstream 503")
+	_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, boom })
+	var he *idem.HandlerError
+	if !errors.As(err, &he) || !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want a HandlerError wrapping boom", err)
+	}
+	rec, _ := s.Get(ctx, []byte("k"))
+	if rec.State != idem.StateReleased || rec.LastError != boom.Error() {
+		t.Fatalf("record after failure %+v", rec)
+	}
+	r, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return []byte("ok"), nil })
+	if err != nil || r.Replayed || r.Attempts != 2 {
+		t.Fatalf("retry = %+v, %v", r, err)
+	}
+}
+
+func TestMaxAttemptsAndPermanent(t *testing.T) {
+	s := newMem(t)
+	g := newGuard(t, s, idem.WithMaxAttempts(3))
+	runs := 0
+	fail := func(context.Context) ([]byte, error) { runs++; return nil, errors.New("flaky") }
+	for i := 1; i <= 3; i++ {
+		_, err := g.Do(ctx, []byte("k"), fail)
+		if gotFailed := errors.Is(err, idem.ErrFailed); gotFailed != (i == 3) {
+			t.Fatalf("attempt %d: err = %v", i, err)
+		}
+	}
+	_, err := g.Do(ctx, []byte("k"), fail)
+	var fe *idem.FailedError
+	if !errors.As(err, &fe) || fe.Cause != "flaky" || runs != 3 {
+		t.Fatalf("after exhaustion: err = %v, runs = %d", err, runs)
+	}
+
+	_, err = g.Do(ctx, []byte("poison"), func(context.Context) ([]byte, error) {
+		return nil, idem.Permanent(errors.New("unparseable"))
+	})
+	if !errors.Is(err, idem.ErrFailed) {
+		t.Fatalf("permanent error: %v", err)
+	}
+	if rec, _ := s.Get(ctx, []byte("poison")); rec.State != idem.StateFailed || rec.Attempts != 1 {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+// F14: a poison message that crashes the worker each time is stopped once
+// its claims exceed the attempt limit, without running it again.
+func TestCrashLoopMarkedFailed(t *testing.T) {
+	s := newMem(t)
+	g := newGuard(t, s, idem.WithMaxAttempts(2), idem.WithLease(20*time.Millisecond), idem.WithHeartbeat(-1))
+	for i := 0; i < 2; i++ {
+		h, _, err := g.Acquire(ctx, []byte("k"))
+		if err != nil || h == nil {
+			t.Fatalf("acquire %d: %v", i, err)
+		}
+		time.Sleep(30 * time.Millisecond) // the worker "crashes": never settles
+	}
+	_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) {
+		t.Fatal("ran a message that crashed every attempt")
+		return nil, nil
+	})
+	if !errors.Is(err, idem.ErrFailed) {
+		t.Fatalf("err = %v, want ErrFailed", err)
+	}
+}
+
+func TestInProgressAndFingerprint(t *testing.T) {
+	g := newGuard(t, newMem(t))
+	h, _, err := g.Acquire(ctx, []byte("k"), idem.WithFingerprint(idem.FingerprintOf([]byte("payload-1"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil })
+	var ip *idem.InProgressError
+	if !errors.As(err, &ip) || ip.RetryAfter(time.Now()) <= 0 {
+		t.Fatalf("err = %v, want InProgressError with a retry hint", err)
+	}
+	_, err = g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil },
+		idem.WithFingerprint(idem.FingerprintOf([]byte("payload-2"))))
+	if !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Fatalf("err = %v, want ErrFingerprintMismatch", err)
+	}
+	if err := h.Complete(ctx, []byte("done")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFailClosedAndFailOpen(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	fs.SetDown(true)
+	ran := false
+	fn := func(context.Context) ([]byte, error) { ran = true; return nil, nil }
+	_, err := newGuard(t, fs).Do(ctx, []byte("k"), fn)
+	if !errors.Is(err, idem.ErrUnavailable) || ran {
+		t.Fatalf("fail closed: err = %v, ran = %v", err, ran)
+	}
+	var opened countHook
+	r, err := newGuard(t, fs, idem.WithFailOpen(true), idem.WithHooks(&opened)).Do(ctx, []byte("k"), fn)
+	if err != nil || !r.FailedOpen || !ran || opened.failOpen.Load() != 1 {
+		t.Fatalf("fail open: %+v, %v, ran=%v, hook=%d", r, err, ran, opened.failOpen.Load())
+	}
+}
+
+type countHook struct {
+	claims, settles, failOpen, lost atomic.Int32
+	mu                              sync.Mutex
+	outcomes                        []idem.Outcome
+	actions                         []idem.SettleAction
+}
+
+func (h *countHook) OnClaim(_ context.Context, e idem.ClaimEvent) {
+	h.claims.Add(1)
+	h.mu.Lock()
+	h.outcomes = append(h.outcomes, e.Outcome)
+	h.mu.Unlock()
+}
+func (h *countHook) OnSettle(_ context.Context, e idem.SettleEvent) {
+	h.settles.Add(1)
+	h.mu.Lock()
+	h.actions = append(h.actions, e.Action)
+	h.mu.Unlock()
+}
+func (h *countHook) OnFailOpen(context.Context, []byte, error)          { h.failOpen.Add(1) }
+func (h *countHook) OnLeaseLost(context.Context, []byte, uint64, error) { h.lost.Add(1) }
+
+func TestHooks(t *testing.T) {
+	var h countHook
+	g := newGuard(t, newMem(t), idem.WithHooks(&h))
+	g.Do(ctx, []byte("a"), func(context.Context) ([]byte, error) { return nil, nil })
+	g.Do(ctx, []byte("a"), func(context.Context) ([]byte, error) { return nil, nil })
+	g.Do(ctx, []byte("b"), func(context.Context) ([]byte, error) { return nil, errors.New("x") })
+	want := []idem.Outcome{idem.OutcomeAcquired, idem.OutcomeCompleted, idem.OutcomeAcquired}
+	if len(h.outcomes) != 3 || h.outcomes[0] != want[0] || h.outcomes[1] != want[1] || h.outcomes[2] != want[2] {
+		t.Fatalf("claim outcomes %v, want %v", h.outcomes, want)
+	}
+	if len(h.actions) != 2 || h.actions[0] != idem.SettleComplete || h.actions[1] != idem.SettleRelease {
+		t.Fatalf("settle actions %v", h.actions)
+	}
+}
+
+func TestHeartbeatKeepsLease(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	g := newGuard(t, fs, idem.WithLease(60*time.Millisecond))
+	started := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		_, err := g.Do(ctx, []byte("slow"), func(context.Context) ([]byte, error) {
+			close(started)
+			time.Sleep(300 * time.Millisecond)
+			return []byte("ok"), nil
+		})
+		done <- err
+	}()
+	<-started
+	for i := 0; i < 5; i++ {
+		time.Sleep(50 * time.Millisecond)
+		if _, err := g.Do(ctx, []byte("slow"), func(context.Context) ([]byte, error) {
+			return nil, errors.New("a second worker ran while the first held the key")
+		}); !errors.Is(err, idem.ErrInProgress) {
+			t.Fatalf("while held: %v", err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if fs.Calls(faultstore.OpExtend) == 0 {
+		t.Fatal("no heartbeat extended the lease")
+	}
+}
+
+func TestLeaseLostCancelsHandler(t *testing.T) {
+	s := newMem(t)
+	var hook countHook
+	g := newGuard(t, s, idem.WithLease(60*time.Millisecond), idem.WithHooks(&hook))
+	var cause error
+	_, err := g.Do(ctx, []byte("k"), func(ctx context.Context) ([]byte, error) {
+		if tok, ok := idem.TokenFromContext(ctx); !ok || tok == 0 {
+			t.Error("no token in the handler's context")
+		}
+		s.Delete(context.Background(), []byte("k")) // an operator evicts the record
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+	if !errors.Is(cause, idem.ErrLeaseLost) || err == nil || hook.lost.Load() == 0 {
+		t.Fatalf("cause = %v, err = %v, lost hooks = %d", cause, err, hook.lost.Load())
+	}
+}
+
+// F4/F17: a Complete whose answer is lost is resolved by reading the record.
+func TestCompleteUnknownOutcome(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	g := newGuard(t, fs)
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{Err: idem.ErrUnknownOutcome, Applied: true, Times: 1})
+	if _, err := g.Do(ctx, []byte("applied"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); err != nil {
+		t.Fatalf("applied-but-lost complete: %v", err)
+	}
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{Times: 2})
+	if _, err := g.Do(ctx, []byte("transient"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); err != nil {
+		t.Fatalf("transient complete failure: %v", err)
+	}
+	if rec, _ := fs.Get(ctx, []byte("transient")); rec.State != idem.StateCompleted {
+		t.Fatalf("record %+v", rec)
+	}
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
+	_, err := newGuard(t, fs, idem.WithCompleteRetries(2)).Do(ctx, []byte("down"), func(context.Context) ([]byte, error) { return nil, nil })
+	if !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v, want ErrUnrecorded", err)
+	}
+}
+
+func TestPanicReleasesAndRepanics(t *testing.T) {
+	s := newMem(t)
+	g := newGuard(t, s)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("panic swallowed")
+			}
+		}()
+		g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { panic("bug") })
+	}()
+	if rec, _ := s.Get(ctx, []byte("k")); rec.State != idem.StateReleased || rec.LastError != "panic: bug" {
+		t.Fatalf("record after panic %+v", rec)
+	}
+}
+
+func TestSettleSurvivesCancelledContext(t *testing.T) {
+	s := newMem(t)
+	g := newGuard(t, s)
+	cctx, cancel := context.WithCancel(ctx)
+	_, err := g.Do(cctx, []byte("k"), func(context.Context) ([]byte, error) {
+		cancel() // shutdown arrives after the effect is done
+		return []byte("v"), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Get(ctx, []byte("k")); rec.State != idem.StateCompleted {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+type noBatch struct{ idem.Store }
+
+func TestAcquireBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wrap func(idem.Store) idem.Store
+	}{
+		{"batch store", func(s idem.Store) idem.Store { return s }},
+		{"one by one", func(s idem.Store) idem.Store { return noBatch{s} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGuard(t, tc.wrap(newMem(t)))
+			g.Do(ctx, []byte("done"), func(context.Context) ([]byte, error) { return []byte("r"), nil })
+			acq, err := g.AcquireBatch(ctx, []idem.BatchItem{{Key: []byte("a")}, {Key: []byte("done")}, {Key: []byte("a")}, {Key: nil}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if acq[0].Held == nil || acq[0].Err != nil {
+				t.Fatalf("new key: %+v", acq[0])
+			}
+			if !acq[1].Result.Replayed || string(acq[1].Result.Value) != "r" {
+				t.Fatalf("completed key: %+v", acq[1])
+			}
+			if !errors.Is(acq[2].Err, idem.ErrInProgress) || !errors.Is(acq[3].Err, idem.ErrInvalidKey) {
+				t.Fatalf("dup / invalid: %v / %v", acq[2].Err, acq[3].Err)
+			}
+			if err := acq[0].Held.Complete(ctx, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	fs := faultstore.New(newMem(t))
+	fs.Inject(faultstore.OpBatch, faultstore.Fault{})
+	if _, err := newGuard(t, fs.WithBatch()).AcquireBatch(ctx, []idem.BatchItem{{Key: []byte("a")}}); !errors.Is(err, idem.ErrUnavailable) {
+		t.Fatalf("batch with store down: %v", err)
+	}
+}
+
+func TestGuardOptions(t *testing.T) {
+	s := newMem(t)
+	for _, tc := range []struct {
+		name string
+		opt  idem.Option
+	}{
+		{"zero lease", idem.WithLease(0)},
+		{"absurd ttl", idem.WithTTL(idem.MaxTTL + time.Hour)},
+		{"negative attempts", idem.WithMaxAttempts(-1)},
+		{"heartbeat not shorter than lease", idem.WithHeartbeat(time.Hour)},
+		{"negative complete retries", idem.WithCompleteRetries(-1)},
+	} {
+		if _, err := idem.NewGuard(s, tc.opt); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("%s: err = %v", tc.name, err)
+		}
+	}
+	if _, err := idem.NewGuard(nil); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("nil store: %v", err)
+	}
+	g := newGuard(t, s, idem.WithTTL(time.Hour))
+	if err := g.CheckRedeliveryWindow(2 * time.Hour); err == nil {
+		t.Error("TTL shorter than the redelivery window was not reported")
+	}
+	if err := g.CheckRedeliveryWindow(time.Hour); err != nil {
+		t.Error(err)
+	}
+}
+
+// Many claims held at once, some lost, some settled while their heartbeat
+// runs: exercises the shared heartbeat loop under the race detector.
+func TestHeartbeatManyHeld(t *testing.T) {
+	s := newMem(t)
+	g := newGuard(t, s, idem.WithLease(20*time.Millisecond), idem.WithHeartbeat(5*time.Millisecond))
+	defer g.Close()
+	var wg sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := []byte{byte(i), byte(i >> 8)}
+			_, err := g.Do(ctx, key, func(ctx context.Context) ([]byte, error) {
+				if i%10 == 0 {
+					s.Delete(context.Background(), key)
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				time.Sleep(time.Duration(i%7) * 10 * time.Millisecond)
+				return nil, nil
+			})
+			if (i%10 == 0) != (err != nil) {
+				t.Errorf("key %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	st, _ := s.Stats(ctx)
+	if st.Completed != 180 || st.InProgress != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -1,0 +1,162 @@
+package memstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/memstore"
+)
+
+var ctx = context.Background()
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func req(k string) idem.ClaimRequest {
+	return idem.ClaimRequest{Key: []byte(k), Lease: time.Minute, TTL: time.Hour}
+}
+
+func TestCapacityFailsClosed(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	s, err := memstore.New(memstore.Config{MaxEntries: 4, Shards: 1, Clock: clk, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := 0; i < 4; i++ {
+		if _, err := s.Claim(ctx, req(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Claim(ctx, req("over")); !errors.Is(err, idem.ErrCapacity) {
+		t.Fatalf("claim beyond MaxEntries: %v, want ErrCapacity", err)
+	}
+	// Existing keys still answer.
+	if c, err := s.Claim(ctx, req("0")); err != nil || c.Outcome != idem.OutcomeInProgress {
+		t.Fatalf("existing key at capacity: %v %v", c.Outcome, err)
+	}
+	clk.Add(2 * time.Hour) // everything expires: room again without a sweep
+	if c, err := s.Claim(ctx, req("over")); err != nil || c.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("after expiry: %v %v", c.Outcome, err)
+	}
+}
+
+func TestSweeperDropsExpired(t *testing.T) {
+	s, err := memstore.New(memstore.Config{SweepInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := 0; i < 100; i++ {
+		s.Claim(ctx, idem.ClaimRequest{Key: []byte(fmt.Sprint(i)), Lease: time.Millisecond, TTL: time.Millisecond})
+	}
+	s.Claim(ctx, req("keep"))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, _ := s.Stats(ctx)
+		n, _ := s.Purge(ctx, 0)
+		if st.Total() == 1 && n == 0 {
+			break // the sweeper, not Purge, removed them
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sweeper left %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestClosed(t *testing.T) {
+	s, _ := memstore.New(memstore.Config{})
+	ns, _ := s.Namespace("other")
+	if err := ns.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ns.Claim(ctx, req("k")); err != nil {
+		t.Fatalf("closing a namespace handle closed the backend: %v", err)
+	}
+	s.Close()
+	s.Close()
+	if _, err := s.Claim(ctx, req("k")); !errors.Is(err, idem.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+	if _, err := ns.Get(ctx, []byte("k")); !errors.Is(err, idem.ErrClosed) {
+		t.Fatalf("namespace after Close: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []memstore.Config{{MaxEntries: -1}, {Shards: -2}, {Namespace: "bad ns"}} {
+		if _, err := memstore.New(c); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("New(%+v) = %v", c, err)
+		}
+	}
+}
+
+func TestReturnedBytesAreCopies(t *testing.T) {
+	s, _ := memstore.New(memstore.Config{})
+	defer s.Close()
+	res := []byte("result")
+	c, _ := s.Claim(ctx, idem.ClaimRequest{Key: []byte("k"), Fingerprint: []byte("fp"), Lease: time.Minute, TTL: time.Hour})
+	s.Complete(ctx, []byte("k"), c.Record.Token, res)
+	res[0] = 'X'
+	r, _ := s.Get(ctx, []byte("k"))
+	r.Result[1] = 'Y'
+	r.Fingerprint[0] = 'Z'
+	r2, _ := s.Get(ctx, []byte("k"))
+	if string(r2.Result) != "result" || string(r2.Fingerprint) != "fp" {
+		t.Fatalf("store shares memory with callers: %q %q", r2.Result, r2.Fingerprint)
+	}
+}
+
+// FuzzKeyRoundTrip: any valid key is stored and found under exactly its own
+// bytes, and a key differing in one byte is a different record.
+func FuzzKeyRoundTrip(f *testing.F) {
+	f.Add([]byte("a"), byte(0))
+	f.Add([]byte("a\x00b"), byte(1))
+	f.Add([]byte("\xff\xfe"), byte(0xff))
+	f.Add([]byte("Case "), byte(' '))
+	s, _ := memstore.New(memstore.Config{SweepInterval: -1})
+	f.Cleanup(func() { s.Close() })
+	f.Fuzz(func(t *testing.T, key []byte, flip byte) {
+		c, err := s.Claim(ctx, idem.ClaimRequest{Key: key, Lease: time.Minute, TTL: time.Hour})
+		if idem.ValidateKey(key) != nil {
+			if !errors.Is(err, idem.ErrInvalidKey) {
+				t.Fatalf("invalid key accepted: %v", err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Delete(ctx, key)
+		if c.Outcome == idem.OutcomeAcquired {
+			if err := s.Complete(ctx, key, c.Record.Token, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := s.Get(ctx, key)
+		if err != nil || !bytes.Equal(r.Key, key) {
+			t.Fatalf("Get: %v, key %q", err, r.Key)
+		}
+		other := append([]byte(nil), key...)
+		other[int(flip)%len(other)] ^= 1 + flip%255
+		if _, err := s.Get(ctx, other); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("a key differing in one byte found a record: %v", err)
+		}
+	})
+}
