@@ -1,0 +1,75 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/consumer"
+)
+
+// TestStepsResume: step "charge" fails on the first delivery; the retry
+// resumes there, and "reserve" (done before the failure) does not run
+// again.
+func TestStepsResume(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	step := func(name string, failFirst bool) consumer.Step {
+		return consumer.Step{Name: name, Run: func(ctx context.Context, m *broker.Message, res map[string][]byte) ([]byte, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			runs[name]++
+			if failFirst && runs[name] == 1 {
+				return nil, errBoom
+			}
+			return fmt.Appendf(nil, "%s(%s)", name, res["reserve"]), nil
+		}}
+	}
+	h, err := consumer.Steps(e.guard, step("reserve", false), step("charge", true), step("ship", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config(e.sub("g"))
+	cfg.InProcessRetries = 0
+	cfg.Handler = h
+	c, _ := consumer.New(cfg)
+	stop := run(t, c)
+	e.publish(msg("order-1", "x"))
+	waitFor(t, "ack", func() bool { return e.log.Acks("order-1") == 1 })
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["reserve"] != 1 || runs["charge"] != 2 || runs["ship"] != 1 {
+		t.Fatalf("step runs %v, want reserve 1, charge 2, ship 1", runs)
+	}
+	rec, err := e.store.Get(context.Background(), []byte("order-1"))
+	if err != nil || string(rec.Result) != "ship(reserve())" {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+}
+
+func TestStepsValidation(t *testing.T) {
+	e := newEnv(t)
+	run := func(context.Context, *broker.Message, map[string][]byte) ([]byte, error) { return nil, nil }
+	for _, tc := range []struct {
+		name  string
+		steps []consumer.Step
+	}{
+		{"none", nil},
+		{"unnamed", []consumer.Step{{Run: run}}},
+		{"no run", []consumer.Step{{Name: "a"}}},
+		{"duplicate", []consumer.Step{{Name: "a", Run: run}, {Name: "a", Run: run}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := consumer.Steps(e.guard, tc.steps...); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	if _, err := consumer.Steps(nil, consumer.Step{Name: "a", Run: run}); err == nil {
+		t.Fatal("accepted a nil guard")
+	}
+}
