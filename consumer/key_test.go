@@ -115,7 +115,9 @@ func TestConfigValidate(t *testing.T) {
 		{"no subscriber", func(c *consumer.Config) { c.Subscriber = nil }, false},
 		{"no guard", func(c *consumer.Config) { c.Guard = nil }, false},
 		{"no handler", func(c *consumer.Config) { c.Handler = nil }, false},
-		{"both handlers", func(c *consumer.Config) { c.BatchHandler = func(context.Context, []*broker.Message) error { return nil } }, false},
+		{"both handlers", func(c *consumer.Config) {
+			c.BatchHandler = func(context.Context, []*broker.Message) error { return nil }
+		}, false},
 		{"negative workers", func(c *consumer.Config) { c.Workers = -1 }, false},
 		{"negative delay", func(c *consumer.Config) { c.StoreDownDelay = -time.Second }, false},
 		{"bad multiplier", func(c *consumer.Config) { c.Backoff.Multiplier = 0.5 }, false},
