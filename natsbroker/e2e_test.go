@@ -1,0 +1,381 @@
+package natsbroker_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/memstore"
+	"github.com/idem-dev/idem/natsbroker"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var long = flag.Bool("long", false, "run the end-to-end test with 100,000 messages (default 10,000; IDEM_E2E_MESSAGES overrides both)")
+
+func e2eMessages(t testing.TB) int {
+	if s := os.Getenv("IDEM_E2E_MESSAGES"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			t.Fatalf("IDEM_E2E_MESSAGES=%q", s)
+		}
+		return n
+	}
+	if *long {
+		return 100_000
+	}
+	return 10_000
+}
+
+func pgURL() string {
+	if u := os.Getenv("IDEM_PG_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// newLedger makes a unique schema with a ledger table that has NO unique
+// constraint (so a double effect shows as two rows) and drops it in cleanup.
+func newLedger(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(pgURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("postgres at %s: %v", pgURL(), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		t.Fatalf("postgres at %s: %v", pgURL(), err)
+	}
+	schema := fmt.Sprintf("idem_e2e_%d_%d", time.Now().UnixNano()%1e9, seq.Add(1))
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`;
+		CREATE TABLE `+schema+`.ledger (msg_id text NOT NULL, payload bytea, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA `+schema+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+		pool.Close()
+	})
+	return pool, schema + ".ledger"
+}
+
+// insertOne is the single-message effect: one durable insert.
+func insertOne(pool *pgxpool.Pool, table string) consumer.Handler {
+	return func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		_, err := pool.Exec(ctx, `INSERT INTO `+table+` (msg_id, payload) VALUES ($1, $2)`, m.ID, m.Payload)
+		return nil, err
+	}
+}
+
+// insertBatch is the batch effect: one transaction, COPY of every row;
+// all or nothing.
+func insertBatch(pool *pgxpool.Pool, table string) consumer.BatchHandler {
+	ident := pgx.Identifier(splitTable(table))
+	return func(ctx context.Context, msgs []*broker.Message) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		rows := make([][]any, len(msgs))
+		for i, m := range msgs {
+			rows[i] = []any{m.ID, m.Payload}
+		}
+		if _, err := tx.CopyFrom(ctx, ident, []string{"msg_id", "payload"}, pgx.CopyFromRows(rows)); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+}
+
+func splitTable(t string) []string {
+	for i := range len(t) {
+		if t[i] == '.' {
+			return []string{t[:i], t[i+1:]}
+		}
+	}
+	return []string{t}
+}
+
+// publishWithDuplicates publishes n messages with Nats-Msg-Id dedup and
+// then re-publishes dupFrac of them at random with dedup off, so the
+// duplicates really reach the consumer (as after the dedup window).
+func publishWithDuplicates(t testing.TB, stream string, n int, dupFrac float64) (ids []string) {
+	t.Helper()
+	pub, err := natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dupPub, err := natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: js, NoDedup: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	defer dupPub.Close()
+	rng := rand.New(rand.NewPCG(uint64(n), 7))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var batch []*broker.Message
+	var dups []*broker.Message
+	flush := func(p *natsbroker.Publisher, ms []*broker.Message) {
+		if len(ms) == 0 {
+			return
+		}
+		if err := p.Publish(ctx, ms...); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	for i := range n {
+		id := fmt.Sprintf("msg-%07d", i)
+		ids = append(ids, id)
+		m := &broker.Message{ID: id, Topic: stream, Payload: fmt.Appendf(nil, `{"n":%d}`, i),
+			Headers: map[string]string{broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+		batch = append(batch, m)
+		if rng.Float64() < dupFrac {
+			dups = append(dups, m)
+		}
+		if len(batch) == 1000 {
+			flush(pub, batch)
+			batch = batch[:0]
+			// Duplicates go out interleaved with later originals.
+			flush(dupPub, dups)
+			dups = dups[:0]
+		}
+	}
+	flush(pub, batch)
+	flush(dupPub, dups)
+	return ids
+}
+
+// chaosSub injects faults into a subscriber: every nakEvery-th first
+// delivery has its Ack turned into Nak(0) (effect done, ack lost: F1/F4),
+// and Crash makes it behave like a dead process: acks are silently
+// dropped and Fetch fails.
+type chaosSub struct {
+	broker.Subscriber
+	nakEvery int64
+	n        atomic.Int64
+	crashed  atomic.Bool
+	forced   *atomic.Int64
+}
+
+func (s *chaosSub) Fetch(ctx context.Context, max int) ([]*broker.Message, error) {
+	if s.crashed.Load() {
+		return nil, broker.ErrClosed
+	}
+	msgs, err := s.Subscriber.Fetch(ctx, max)
+	for _, m := range msgs {
+		a := &chaosAcker{Acker: m.Acker, s: s}
+		if m.Delivery == 1 && s.nakEvery > 0 && s.n.Add(1)%s.nakEvery == 0 {
+			a.nakInstead = true
+		}
+		m.Acker = a
+	}
+	return msgs, err
+}
+
+// Crash: from now on nothing this subscriber settles reaches the broker.
+func (s *chaosSub) Crash() { s.crashed.Store(true) }
+
+type chaosAcker struct {
+	broker.Acker
+	s          *chaosSub
+	nakInstead bool
+}
+
+func (a *chaosAcker) Ack(ctx context.Context) error {
+	if a.s.crashed.Load() {
+		return nil // lost with the process
+	}
+	if a.nakInstead {
+		a.s.forced.Add(1)
+		return a.Acker.Nak(ctx, 0)
+	}
+	return a.Acker.Ack(ctx)
+}
+
+func (a *chaosAcker) Nak(ctx context.Context, d time.Duration) error {
+	if a.s.crashed.Load() {
+		return nil
+	}
+	return a.Acker.Nak(ctx, d)
+}
+
+// TestEndToEndExactlyOnce: publish N messages (10,000; 100,000 with -long)
+// plus 20% duplicate publishes that bypass the broker's dedup, force
+// redeliveries (lost acks) and crash the first consumer a quarter of the
+// way in; consume with the guard on the memory store, each effect a row
+// appended to a PostgreSQL ledger with no unique constraint. Every message
+// must be in the ledger exactly once.
+func TestEndToEndExactlyOnce(t *testing.T) {
+	for _, mode := range []string{"single", "batch"} {
+		t.Run(mode, func(t *testing.T) { testEndToEnd(t, mode) })
+	}
+}
+
+func testEndToEnd(t *testing.T, mode string) {
+	n := e2eMessages(t)
+	stream := newStream(t, nil)
+	pool, table := newLedger(t)
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	guard, err := idem.NewGuard(store, idem.WithLease(10*time.Second), idem.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	ids := publishWithDuplicates(t, stream, n, 0.2)
+	t.Logf("published %d messages + duplicates in %s", n, time.Since(start))
+
+	var forced atomic.Int64
+	newConsumer := func(nakEvery int64) (*consumer.Consumer, *chaosSub, *natsbroker.Subscriber) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sub, err := natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{
+			JS: js, Stream: stream, Durable: "ledger",
+			AckWait: 3 * time.Second, MaxDeliver: -1, MaxAckPending: 20000, PollWait: time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := &chaosSub{Subscriber: sub, nakEvery: nakEvery, forced: &forced}
+		cfg := consumer.Config{
+			Subscriber:         cs,
+			Guard:              guard,
+			Workers:            16,
+			MaxInFlight:        4000,
+			FetchBatch:         500,
+			InProgressInterval: time.Second,
+			StoreDownDelay:     time.Second,
+			Logger:             quiet,
+		}
+		if mode == "batch" {
+			cfg.Workers = 4
+			cfg.BatchHandler = insertBatch(pool, table)
+			cfg.Batch = consumer.BatchConfig{Size: 500, Wait: 10 * time.Millisecond}
+		} else {
+			cfg.Handler = insertOne(pool, table)
+		}
+		c, err := consumer.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, cs, sub
+	}
+	rows := func() (total, distinct int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id) FROM `+table).Scan(&total, &distinct); err != nil {
+			t.Fatal(err)
+		}
+		return total, distinct
+	}
+	waitRows := func(what string, ok func(total, distinct int) bool) {
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			total, distinct := rows()
+			if ok(total, distinct) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %d rows, %d distinct", what, total, distinct)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	consumeStart := time.Now()
+	c1, chaos1, sub1 := newConsumer(20) // 5% lost acks
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	done1 := make(chan error, 1)
+	go func() { done1 <- c1.Run(ctx1) }()
+	waitRows("a quarter of the messages", func(_, d int) bool { return d >= n/4 })
+	// Crash: everything c1 holds unacked is redelivered after AckWait.
+	chaos1.Crash()
+	if err := <-done1; !errors.Is(err, broker.ErrClosed) {
+		t.Fatalf("crashed consumer's Run = %v", err)
+	}
+	cancel1()
+	sub1.Close()
+
+	c2, _, sub2 := newConsumer(0)
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done2 := make(chan error, 1)
+	go func() { done2 <- c2.Run(ctx2) }()
+	waitRows("every message", func(_, d int) bool { return d == n })
+	elapsed := time.Since(consumeStart)
+	// Let the stream drain: nothing pending or unacked.
+	cons, err := js.Consumer(context.Background(), stream, "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		info, err := cons.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream not drained: %d pending, %d unacked", info.NumPending, info.NumAckPending)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	cancel2()
+	if err := <-done2; err != nil {
+		t.Fatal(err)
+	}
+	sub2.Close()
+
+	total, distinct := rows()
+	if distinct != n || total != n {
+		var dupID string
+		var cnt int
+		_ = pool.QueryRow(context.Background(), `SELECT msg_id, count(*) FROM `+table+` GROUP BY msg_id HAVING count(*) > 1 LIMIT 1`).Scan(&dupID, &cnt)
+		t.Fatalf("ledger has %d rows for %d distinct ids, want %d each once (e.g. %s x%d)", total, distinct, n, dupID, cnt)
+	}
+	// Spot-check ids.
+	var missing int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM unnest($1::text[]) id WHERE NOT EXISTS (SELECT 1 FROM `+table+` l WHERE l.msg_id = id)`, ids).Scan(&missing); err != nil {
+		t.Fatal(err)
+	}
+	if missing != 0 {
+		t.Fatalf("%d published ids missing from the ledger", missing)
+	}
+	s1, s2 := c1.Stats(), c2.Stats()
+	if forced.Load() == 0 || s1.Duplicates+s2.Duplicates == 0 {
+		t.Fatalf("no fault exercised: forced %d, stats %+v %+v", forced.Load(), s1, s2)
+	}
+	t.Logf("%s: %d messages exactly once in %s; forced redeliveries %d; consumer 1 %+v; consumer 2 %+v",
+		mode, n, elapsed.Round(time.Millisecond), forced.Load(), s1, s2)
+}
