@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/redisstore/internal/rediserr"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -308,46 +308,6 @@ func trunc(k []byte) []byte {
 	return k
 }
 
-// mapErr maps go-redis errors onto idem's. write says whether the command
-// may have changed data, which decides between ErrUnavailable (surely not
-// applied) and ErrUnknownOutcome (maybe applied).
 func mapErr(ctx context.Context, err error, op string, write bool) error {
-	if err == nil {
-		return nil
-	}
-	unknown := idem.ErrUnavailable
-	if write {
-		unknown = idem.ErrUnknownOutcome
-	}
-	var rerr redis.Error
-	switch {
-	case errors.As(err, &rerr):
-		msg := strings.TrimPrefix(rerr.Error(), "ERR ")
-		switch {
-		case strings.HasPrefix(msg, "OOM"):
-			return fmt.Errorf("%w: %w: redisstore: %s: %w", idem.ErrUnavailable, idem.ErrCapacity, op, err)
-		case hasAnyPrefix(msg, "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM"):
-			// The server refused the command before running it.
-			return fmt.Errorf("%w: redisstore: %s: %w", idem.ErrUnavailable, op, err)
-		}
-		return fmt.Errorf("redisstore: %s: %w", op, err)
-	case errors.Is(err, redis.ErrClosed):
-		return fmt.Errorf("%w: %w: redisstore: %s: %w", idem.ErrUnavailable, idem.ErrClosed, op, err)
-	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), isDialError(err):
-		// Nothing was sent.
-		return fmt.Errorf("%w: redisstore: %s: %w", idem.ErrUnavailable, op, err)
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil:
-		return fmt.Errorf("%w: redisstore: %s: %w", unknown, op, err)
-	}
-	// EOF, connection reset, read timeout: the command may have run.
-	return fmt.Errorf("%w: redisstore: %s: %w", unknown, op, err)
-}
-
-func hasAnyPrefix(s string, ps ...string) bool {
-	for _, p := range ps {
-		if strings.HasPrefix(s, p) {
-			return true
-		}
-	}
-	return false
+	return rediserr.Map(ctx, err, "redisstore: "+op, write)
 }

@@ -1,0 +1,48 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+func Example() {
+	// NewUniversalClient gives a *redis.ClusterClient for several addresses.
+	client := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"}})
+	defer client.Close()
+	defer dropKeys(client, "example:") // keep the shared test server clean
+	ctx := context.Background()
+	store, err := redisstore.New(ctx, redisstore.Config{Client: client, Prefix: "example:", Namespace: "orders"})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	key := []byte("order-42")
+
+	c, err := store.Claim(ctx, idem.ClaimRequest{Key: key, Lease: 30 * time.Second, TTL: 24 * time.Hour})
+	if err != nil {
+		panic(err) // ErrUnavailable / ErrUnknownOutcome: do not ack, retry later
+	}
+	fmt.Println(c.Outcome)
+	// ... apply the effect, then record it with the claim's fencing token:
+	if err := store.Complete(ctx, key, c.Record.Token, []byte("shipped")); err != nil {
+		panic(err)
+	}
+	again, _ := store.Claim(ctx, idem.ClaimRequest{Key: key, Lease: 30 * time.Second, TTL: 24 * time.Hour})
+	fmt.Println(again.Outcome, string(again.Record.Result))
+	// Output:
+	// acquired
+	// completed shipped
+}
+
+func dropKeys(c redis.UniversalClient, prefix string) {
+	ctx := context.Background()
+	it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for it.Next(ctx) {
+		c.Del(ctx, it.Val())
+	}
+}

@@ -1,0 +1,192 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/redisstore"
+	"github.com/idem-dev/idem/redisstore/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func ownClient(t testing.TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1,
+		DialTimeout: 300 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		DialerRetries: 1, DialerRetryTimeout: 10 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func mustNew(t testing.TB, cfg redisstore.Config) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func claimReq(key string) idem.ClaimRequest {
+	return idem.ClaimRequest{Key: []byte(key), Lease: time.Minute, TTL: time.Hour}
+}
+
+// TestFailClosedAndRecover stops a dedicated redis-server (SIGKILL) under a
+// store, checks that every operation fails with ErrUnavailable or
+// ErrUnknownOutcome (never success), restarts it and checks that the store
+// recovers with the record intact (appendfsync always) and tokens still
+// growing.
+func TestFailClosedAndRecover(t *testing.T) {
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	s := mustNew(t, redisstore.Config{Client: ownClient(t, srv.Addr())})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c1, err := s.Claim(ctx, claimReq("k1"))
+	if err != nil || c1.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("Claim: %v %v", c1.Outcome, err)
+	}
+
+	srv.Stop()
+	tok := c1.Record.Token
+	ops := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"Claim", func(ctx context.Context) error { _, err := s.Claim(ctx, claimReq("k2")); return err }},
+		{"ClaimBatch", func(ctx context.Context) error {
+			_, err := s.ClaimBatch(ctx, []idem.ClaimRequest{claimReq("k3"), claimReq("k4")})
+			return err
+		}},
+		{"Complete", func(ctx context.Context) error { return s.Complete(ctx, []byte("k1"), tok, []byte("r")) }},
+		{"Release", func(ctx context.Context) error { return s.Release(ctx, []byte("k1"), tok, "") }},
+		{"Fail", func(ctx context.Context) error { return s.Fail(ctx, []byte("k1"), tok, "x") }},
+		{"Extend", func(ctx context.Context) error { return s.Extend(ctx, []byte("k1"), tok, time.Minute) }},
+		{"Get", func(ctx context.Context) error { _, err := s.Get(ctx, []byte("k1")); return err }},
+		{"Delete", func(ctx context.Context) error { return s.Delete(ctx, []byte("k9")) }},
+		{"Ping", s.Ping},
+		{"ListInProgress", func(ctx context.Context) error { _, _, err := s.ListInProgress(ctx, "", 10); return err }},
+		{"Stats", func(ctx context.Context) error { _, err := s.Stats(ctx); return err }},
+	}
+	for _, op := range ops {
+		// Twice: the first call may find a pooled connection that is dead,
+		// the second has to dial.
+		for i := range 2 {
+			err := op.fn(ctx)
+			if err == nil {
+				t.Fatalf("%s #%d succeeded with Redis down", op.name, i)
+			}
+			if !errors.Is(err, idem.ErrUnavailable) && !errors.Is(err, idem.ErrUnknownOutcome) {
+				t.Fatalf("%s #%d: %v, want ErrUnavailable or ErrUnknownOutcome", op.name, i, err)
+			}
+		}
+	}
+	// With nobody listening the connection is refused: nothing was sent.
+	if _, err := s.Claim(ctx, claimReq("k2")); !errors.Is(err, idem.ErrUnavailable) {
+		t.Fatalf("Claim with the server down: %v, want ErrUnavailable", err)
+	}
+
+	srv.Start()
+	var rec idem.Record
+	for i := 0; ; i++ {
+		rec, err = s.Get(ctx, []byte("k1"))
+		if err == nil {
+			break
+		}
+		if i > 50 {
+			t.Fatalf("store did not recover: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rec.State != idem.StateInProgress || rec.Token != tok {
+		t.Fatalf("record after restart %+v, want in progress with token %d", rec, tok)
+	}
+	if err := s.Complete(ctx, []byte("k1"), tok, []byte("done")); err != nil {
+		t.Fatalf("Complete after restart: %v", err)
+	}
+	c2, err := s.Claim(ctx, claimReq("k2"))
+	if err != nil || c2.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("Claim after restart: %v %v", c2.Outcome, err)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping after restart: %v", err)
+	}
+}
+
+// TestReplicaSafety covers WAIT and READONLY with a master and a replica the
+// test starts: writes on a replica are ErrUnavailable; WaitReplicas succeeds
+// while the replica acknowledges and reports ErrUnknownOutcome once it is
+// gone.
+func TestReplicaSafety(t *testing.T) {
+	master := redistest.StartServer(t, "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", master.Addr()[len("127.0.0.1:"):])
+	mc, rc := ownClient(t, master.Addr()), ownClient(t, replica.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := 0; ; i++ {
+		info, _ := rc.Info(ctx, "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if i > 800 {
+			t.Fatalf("replica did not sync: %s", info)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+
+	onReplica := mustNew(t, redisstore.Config{Client: rc})
+	if _, err := onReplica.Claim(ctx, claimReq("r")); !errors.Is(err, idem.ErrUnavailable) {
+		t.Fatalf("Claim on a read-only replica: %v, want ErrUnavailable", err)
+	}
+
+	waiting := mustNew(t, redisstore.Config{Client: mc, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
+	c, err := waiting.Claim(ctx, claimReq("w1"))
+	if err != nil || c.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("Claim with WAIT 1 and a live replica: %v %v", c.Outcome, err)
+	}
+	if err := waiting.Complete(ctx, []byte("w1"), c.Record.Token, nil); err != nil {
+		t.Fatalf("Complete with WAIT: %v", err)
+	}
+	if _, err := waiting.ClaimBatch(ctx, []idem.ClaimRequest{claimReq("w2"), claimReq("w3")}); err != nil {
+		t.Fatalf("ClaimBatch with WAIT: %v", err)
+	}
+	// The replica saw the claim: failover would keep it.
+	if r, err := onReplica.Get(ctx, []byte("w1")); err != nil || r.State != idem.StateCompleted {
+		t.Fatalf("replica's copy of w1: %+v %v", r, err)
+	}
+
+	replica.Stop()
+	short := mustNew(t, redisstore.Config{Client: mc, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	_, err = short.Claim(ctx, claimReq("w4"))
+	if !errors.Is(err, idem.ErrUnknownOutcome) {
+		t.Fatalf("Claim with WAIT 1 and no replica: %v, want ErrUnknownOutcome", err)
+	}
+	// Unknown means "read before deciding": the claim is on the master.
+	if r, err := short.Get(ctx, []byte("w4")); err != nil || r.State != idem.StateInProgress {
+		t.Fatalf("w4 on the master: %+v %v", r, err)
+	}
+}
+
+// TestEvictionWarning checks the startup warning about maxmemory-policy.
+func TestEvictionWarning(t *testing.T) {
+	tests := []struct {
+		policy string
+		warn   bool
+	}{{"noeviction", false}, {"allkeys-lru", true}, {"volatile-ttl", true}}
+	for _, tc := range tests {
+		t.Run(tc.policy, func(t *testing.T) {
+			srv := redistest.StartServer(t, "--maxmemory-policy", tc.policy)
+			var buf bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&buf, nil))
+			mustNew(t, redisstore.Config{Client: ownClient(t, srv.Addr()), Logger: log})
+			if got := strings.Contains(buf.String(), "maxmemory-policy is not noeviction"); got != tc.warn {
+				t.Fatalf("warning logged = %v, want %v; log: %s", got, tc.warn, buf.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,117 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestConfigValidate(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cc.Close()
+	tests := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"defaults", Config{Client: c}, true},
+		{"cluster", Config{Client: cc, Namespace: "a.b_c-1"}, true},
+		{"no client", Config{}, false},
+		{"bad namespace", Config{Client: c, Namespace: "a:b"}, false},
+		{"brace in prefix", Config{Client: c, Prefix: "x{"}, false},
+		{"too many shards", Config{Client: c, Shards: MaxShards + 1}, false},
+		{"negative shards", Config{Client: c, Shards: -1}, false},
+		{"negative wait", Config{Client: c, WaitReplicas: -1}, false},
+		{"wait on cluster", Config{Client: cc, WaitReplicas: 1}, false},
+		{"wait on single", Config{Client: c, WaitReplicas: 1}, true},
+		{"chunk too big", Config{Client: c, BatchChunk: 5000}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if tc.ok != (err == nil) {
+				t.Fatalf("Validate = %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, idem.ErrInvalidArgument) {
+				t.Fatalf("Validate = %v, want ErrInvalidArgument", err)
+			}
+		})
+	}
+}
+
+// TestKeyLayout pins the documented key layout (docs/redisstore.md): a
+// change here hides every record written by an earlier version.
+func TestKeyLayout(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	s, err := New(context.Background(), Config{Client: c, Namespace: "orders", SkipChecks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk, sk := s.keysOf([]byte("order-42"))
+	if rk != "idem:orders:{756}:k:order-42" || sk != "idem:orders:{756}:seq" {
+		t.Fatalf("keys %q %q", rk, sk)
+	}
+	for _, k := range [][]byte{[]byte("a}:k:b"), {0, 0xff, '{', '}'}, []byte("*?[")} {
+		rk, _ := s.keysOf(k)
+		got, ok := s.userKey(rk)
+		if !ok || string(got) != string(k) {
+			t.Fatalf("userKey(%q) = %q %v", rk, got, ok)
+		}
+	}
+	if p := s.matchPattern(); p != "idem:orders:{*}:k:*" {
+		t.Fatalf("pattern %q", p)
+	}
+	s2, _ := s.Namespace("x")
+	if p := func() string { s2.base = "a*b?[c]:{"; return s2.matchPattern() }(); !strings.HasPrefix(p, `a\*b\?\[c\]:{`) {
+		t.Fatalf("escaped pattern %q", p)
+	}
+}
+
+// TestClosedAndInvalid needs no server: closed stores and bad arguments
+// fail before any I/O.
+func TestClosedAndInvalid(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer c.Close()
+	s, _ := New(context.Background(), Config{Client: c, SkipChecks: true})
+	ctx := context.Background()
+	if _, err := s.Claim(ctx, idem.ClaimRequest{Key: nil, Lease: time.Second, TTL: time.Second}); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+	s.Close()
+	if _, err := s.Claim(ctx, idem.ClaimRequest{Key: []byte("k"), Lease: time.Second, TTL: time.Second}); !errors.Is(err, idem.ErrClosed) {
+		t.Fatalf("Claim after Close: %v", err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, idem.ErrClosed) {
+		t.Fatalf("Ping after Close: %v", err)
+	}
+}
+
+func FuzzParseCursor(f *testing.F) {
+	for _, s := range []string{"", "0-0-", "2-12345-6162", "1-0-zz", "-1-0-", "a-b-c", "0-18446744073709551615-00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := parseCursor(s)
+		if err != nil {
+			if !errors.Is(err, idem.ErrInvalidArgument) {
+				t.Fatalf("error %v does not match ErrInvalidArgument", err)
+			}
+			return
+		}
+		if s == "" {
+			return
+		}
+		c2, err := parseCursor(c.String())
+		if err != nil || c2 != c {
+			t.Fatalf("round trip %q -> %+v -> %q -> %+v %v", s, c, c.String(), c2, err)
+		}
+	})
+}
