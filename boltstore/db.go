@@ -51,7 +51,7 @@ const (
 // fatal error that aborts the transaction (the others are then re-applied in
 // a new one). apply may run more than once and must set its outputs afresh.
 type op struct {
-	apply func(tx *bbolt.Tx, now int64) (answer, fatal error)
+	apply func(w *wtx, now int64) (answer, fatal error)
 	state atomic.Int32
 	done  chan error
 }
@@ -64,7 +64,7 @@ func (b *backend) writeDisabled() error {
 }
 
 // do submits an operation and waits until the commit holding it is durable.
-func (b *backend) do(ctx context.Context, apply func(tx *bbolt.Tx, now int64) (error, error)) error {
+func (b *backend) do(ctx context.Context, apply func(w *wtx, now int64) (error, error)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -172,13 +172,21 @@ func (b *backend) commit(batch []*op) {
 			return
 		}
 		now := b.cfg.Clock.Now().UnixNano()
+		w := &wtx{tx: tx}
 		bad := -1
 		for i, o := range live {
 			var fatal error
-			if answers[i], fatal = o.apply(tx, now); fatal != nil {
+			if answers[i], fatal = o.apply(w, now); fatal != nil {
 				bad = i
 				answers[i] = fatal
 				break
+			}
+		}
+		if bad < 0 {
+			if err := w.flush(); err != nil {
+				_ = tx.Rollback()
+				finish(fmt.Errorf("%w: boltstore %s: %w", idem.ErrUnavailable, b.cfg.Path, err))
+				return
 			}
 		}
 		if bad >= 0 {
@@ -240,8 +248,8 @@ func (b *backend) ensureNamespace(ns string) error {
 		return nil
 	})
 	if errors.Is(err, bberrors.ErrBucketNotFound) {
-		err = b.do(context.Background(), func(tx *bbolt.Tx, _ int64) (error, error) {
-			nb, err := tx.CreateBucketIfNotExists(name)
+		err = b.do(context.Background(), func(w *wtx, _ int64) (error, error) {
+			nb, err := w.tx.CreateBucketIfNotExists(name)
 			if err != nil {
 				return nil, err
 			}
@@ -316,9 +324,9 @@ func (b *backend) purge(ctx context.Context, name []byte, limit int) (int, error
 			chunk = min(chunk, limit-total)
 		}
 		var n int
-		err := b.do(ctx, func(tx *bbolt.Tx, now int64) (error, error) {
+		err := b.do(ctx, func(w *wtx, now int64) (error, error) {
 			var err error
-			n, err = purgeTx(tx, name, now, chunk)
+			n, err = purgeTx(w, name, now, chunk)
 			return nil, err
 		})
 		if err != nil {

@@ -104,9 +104,52 @@ func (b *backend) close() error {
 	return nil
 }
 
-// space is a namespace's buckets inside one transaction.
+// space is a namespace's buckets inside one transaction. In a write
+// transaction delta collects the changes to the per-state counts, written
+// once per commit by wtx.flush rather than once per operation.
 type space struct {
 	ns, r, x, p *bbolt.Bucket
+	delta       *[4]int64
+}
+
+// wtx is a write transaction shared by the operations of one group commit.
+type wtx struct {
+	tx     *bbolt.Tx
+	spaces map[string]space
+}
+
+func (w *wtx) space(name []byte) (space, error) {
+	if sp, ok := w.spaces[string(name)]; ok {
+		return sp, nil
+	}
+	sp, err := spaceOf(w.tx, name)
+	if err != nil {
+		return sp, err
+	}
+	sp.delta = new([4]int64)
+	if w.spaces == nil {
+		w.spaces = map[string]space{}
+	}
+	w.spaces[string(name)] = sp
+	return sp, nil
+}
+
+// flush adds the collected count changes to the stored counts.
+func (w *wtx) flush() error {
+	for _, sp := range w.spaces {
+		if *sp.delta == [4]int64{} {
+			continue
+		}
+		c := sp.counts()
+		v := make([]byte, 32)
+		for i := range c {
+			binary.BigEndian.PutUint64(v[8*i:], uint64(c[i]+sp.delta[i]))
+		}
+		if err := sp.ns.Put(countsKey, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func spaceOf(tx *bbolt.Tx, name []byte) (space, error) {
@@ -158,12 +201,8 @@ func (sp space) put(key []byte, old, r *rec) error {
 		}
 	}
 	if old == nil || old.state != r.state {
-		if err := sp.count(old, -1); err != nil {
-			return err
-		}
-		if err := sp.count(r, 1); err != nil {
-			return err
-		}
+		sp.count(old, -1)
+		sp.count(r, 1)
 	}
 	return sp.r.Put(key, r.encode(key))
 }
@@ -178,9 +217,7 @@ func (sp space) del(key []byte, old *rec) error {
 			return err
 		}
 	}
-	if err := sp.count(old, -1); err != nil {
-		return err
-	}
+	sp.count(old, -1)
 	return sp.r.Delete(key)
 }
 
@@ -194,17 +231,10 @@ func (sp space) counts() [4]int64 {
 	return c
 }
 
-func (sp space) count(r *rec, delta int64) error {
-	if r == nil {
-		return nil
+func (sp space) count(r *rec, delta int64) {
+	if r != nil {
+		sp.delta[r.state-idem.StateInProgress] += delta
 	}
-	c := sp.counts()
-	c[r.state-idem.StateInProgress] += delta
-	v := make([]byte, 32)
-	for i := range c {
-		binary.BigEndian.PutUint64(v[8*i:], uint64(c[i]))
-	}
-	return sp.ns.Put(countsKey, v)
 }
 
 // claimTx applies one claim. It returns the claim, the claim's own error
@@ -314,8 +344,8 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	if done {
 		return c, cerr
 	}
-	err = s.b.do(ctx, func(tx *bbolt.Tx, now int64) (error, error) {
-		sp, err := spaceOf(tx, s.name)
+	err = s.b.do(ctx, func(w *wtx, now int64) (error, error) {
+		sp, err := w.space(s.name)
 		if err != nil {
 			return nil, err
 		}
@@ -344,8 +374,8 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 		}
 		own[i] = idem.ClaimRequest{Key: clone(req.Key), Fingerprint: clone(req.Fingerprint), Lease: req.Lease, TTL: req.TTL}
 	}
-	err := s.b.do(ctx, func(tx *bbolt.Tx, now int64) (error, error) {
-		sp, err := spaceOf(tx, s.name)
+	err := s.b.do(ctx, func(w *wtx, now int64) (error, error) {
+		sp, err := w.space(s.name)
 		if err != nil {
 			return nil, err
 		}
@@ -376,8 +406,8 @@ func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(r 
 		return err
 	}
 	key = clone(key)
-	return s.b.do(ctx, func(tx *bbolt.Tx, now int64) (error, error) {
-		sp, err := spaceOf(tx, s.name)
+	return s.b.do(ctx, func(w *wtx, now int64) (error, error) {
+		sp, err := w.space(s.name)
 		if err != nil {
 			return nil, err
 		}
@@ -520,8 +550,8 @@ func (s *Store) Delete(ctx context.Context, key []byte) error {
 		return err
 	}
 	key = clone(key)
-	return s.b.do(ctx, func(tx *bbolt.Tx, _ int64) (error, error) {
-		sp, err := spaceOf(tx, s.name)
+	return s.b.do(ctx, func(w *wtx, _ int64) (error, error) {
+		sp, err := w.space(s.name)
 		if err != nil {
 			return nil, err
 		}
@@ -536,8 +566,8 @@ func (s *Store) Delete(ctx context.Context, key []byte) error {
 // purgeTx removes up to n expired records of namespace bucket name, walking
 // the expiry index from its oldest entry: the work is proportional to what
 // has expired, not to the size of the store.
-func purgeTx(tx *bbolt.Tx, name []byte, now int64, n int) (int, error) {
-	sp, err := spaceOf(tx, name)
+func purgeTx(w *wtx, name []byte, now int64, n int) (int, error) {
+	sp, err := w.space(name)
 	if err != nil {
 		return 0, err
 	}

@@ -1,0 +1,169 @@
+package boltstore
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/memstore"
+)
+
+// BenchmarkClaim measures new-key claims per second with 1, 8 and 64
+// concurrent callers, one key per call (single) or 100 per call (batch),
+// for the memory store, this store under both fsync policies and the
+// baseline the group commit is measured against: one bbolt Update (and so
+// one fsync) per claim. Run them in one go so that the ratios compare like
+// with like on a shared machine (see docs/benchmarks/boltstore.md).
+func BenchmarkClaim(b *testing.B) {
+	type target struct {
+		name string
+		open func(b *testing.B) claimer
+	}
+	targets := []target{
+		{"memstore", func(b *testing.B) claimer {
+			s, err := memstore.New(memstore.Config{MaxEntries: 1 << 30, SweepInterval: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			return storeClaimer{s}
+		}},
+		{"boltstore-group", func(b *testing.B) claimer { return storeClaimer{benchStore(b, FsyncGroup)} }},
+		{"boltstore-always", func(b *testing.B) claimer { return storeClaimer{benchStore(b, FsyncAlways)} }},
+		{"bbolt-update-per-claim", openBaseline},
+	}
+	for _, mode := range []struct {
+		name  string
+		batch int
+	}{{"single", 1}, {"batch100", 100}} {
+		for _, conc := range []int{1, 8, 64} {
+			for _, tg := range targets {
+				b.Run(fmt.Sprintf("%s/callers=%d/%s", mode.name, conc, tg.name), func(b *testing.B) {
+					benchClaims(b, tg.open(b), conc, mode.batch)
+				})
+			}
+		}
+	}
+}
+
+type claimer interface {
+	claim(ctx context.Context, reqs []idem.ClaimRequest) error
+}
+
+type storeClaimer struct{ s idem.Store }
+
+func (c storeClaimer) claim(ctx context.Context, reqs []idem.ClaimRequest) error {
+	if len(reqs) == 1 {
+		cl, err := c.s.Claim(ctx, reqs[0])
+		if err == nil && cl.Outcome != idem.OutcomeAcquired {
+			err = fmt.Errorf("outcome %s", cl.Outcome)
+		}
+		return err
+	}
+	res, err := c.s.(idem.BatchClaimer).ClaimBatch(ctx, reqs)
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			return r.Err
+		}
+	}
+	return nil
+}
+
+func benchStore(b *testing.B, fsync FsyncPolicy) idem.Store {
+	s, err := Open(Config{Path: filepath.Join(b.TempDir(), "bench.db"), Fsync: fsync, SweepInterval: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// baseline is the naive durable store: each claim is its own bbolt Update,
+// with the same insert-if-absent logic and record encoding, and bbolt's
+// default fsync on commit.
+type baseline struct{ db *bbolt.DB }
+
+func openBaseline(b *testing.B) claimer {
+	db, err := bbolt.Open(filepath.Join(b.TempDir(), "baseline.db"), 0o600, &bbolt.Options{FreelistType: bbolt.FreelistMapType})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	if err := db.Update(func(tx *bbolt.Tx) error { _, err := tx.CreateBucket([]byte("r")); return err }); err != nil {
+		b.Fatal(err)
+	}
+	return baseline{db}
+}
+
+func (bl baseline) claim(_ context.Context, reqs []idem.ClaimRequest) error {
+	for _, req := range reqs {
+		err := bl.db.Update(func(tx *bbolt.Tx) error {
+			bk := tx.Bucket([]byte("r"))
+			if bk.Get(req.Key) != nil {
+				return fmt.Errorf("key %q exists", req.Key)
+			}
+			tok, err := bk.NextSequence()
+			if err != nil {
+				return err
+			}
+			now := time.Now().UnixNano()
+			r := rec{state: idem.StateInProgress, token: tok, attempts: 1, ttl: int64(req.TTL), leaseUntil: now + int64(req.Lease), expiresAt: now + int64(req.TTL), created: now, updated: now}
+			return bk.Put(req.Key, r.encode(req.Key))
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchClaims makes b.N claims of new keys from conc goroutines, batch keys
+// per call, and reports claims/s.
+func benchClaims(b *testing.B, c claimer, conc, batch int) {
+	ctx := context.Background()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, conc)
+	b.ResetTimer()
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reqs := make([]idem.ClaimRequest, 0, batch)
+			for {
+				first := next.Add(int64(batch)) - int64(batch)
+				if first >= int64(b.N) {
+					return
+				}
+				reqs = reqs[:0]
+				for i := first; i < min(first+int64(batch), int64(b.N)); i++ {
+					reqs = append(reqs, idem.ClaimRequest{Key: strconv.AppendInt([]byte("key-"), i, 10), Lease: time.Minute, TTL: time.Hour})
+				}
+				if err := c.claim(ctx, reqs); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "claims/s")
+}
