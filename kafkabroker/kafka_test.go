@@ -1,0 +1,452 @@
+package kafkabroker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/twmb/franz-go/pkg/kadm"
+)
+
+func TestConfigValidate(t *testing.T) {
+	b := []string{"127.0.0.1:9092"}
+	tests := []struct {
+		name string
+		err  error
+	}{
+		{"publisher ok", PublisherConfig{Brokers: b}.Validate()},
+		{"subscriber ok", SubscriberConfig{Brokers: b, Group: "g", Topics: []string{"t"}}.Validate()},
+	}
+	for _, tc := range tests {
+		if tc.err != nil {
+			t.Errorf("%s: %v", tc.name, tc.err)
+		}
+	}
+	bad := []struct {
+		name string
+		err  error
+	}{
+		{"publisher no brokers", PublisherConfig{}.Validate()},
+		{"publisher tiny batch", PublisherConfig{Brokers: b, MaxMessageBytes: 10}.Validate()},
+		{"subscriber no group", SubscriberConfig{Brokers: b, Topics: []string{"t"}}.Validate()},
+		{"subscriber no topics", SubscriberConfig{Brokers: b, Group: "g"}.Validate()},
+		{"subscriber heartbeat >= session", SubscriberConfig{Brokers: b, Group: "g", Topics: []string{"t"}, SessionTimeout: time.Second, HeartbeatInterval: time.Second}.Validate()},
+		{"subscriber negative nak delay", SubscriberConfig{Brokers: b, Group: "g", Topics: []string{"t"}, MaxNakDelay: -1}.Validate()},
+		{"subscriber negative unsettled", SubscriberConfig{Brokers: b, Group: "g", Topics: []string{"t"}, MaxUnsettled: -1}.Validate()},
+	}
+	for _, tc := range bad {
+		if !errors.Is(tc.err, idem.ErrInvalidArgument) {
+			t.Errorf("%s: err = %v, want ErrInvalidArgument", tc.name, tc.err)
+		}
+	}
+	if _, err := NewSubscriber(SubscriberConfig{}); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Errorf("NewSubscriber(zero config): %v", err)
+	}
+	w := SubscriberConfig{SessionTimeout: time.Second, RebalanceTimeout: 2 * time.Second, MaxNakDelay: 3 * time.Second,
+		CommitInterval: time.Second, CommitTimeout: time.Second}.RedeliveryWindow()
+	if w != 8*time.Second {
+		t.Errorf("RedeliveryWindow = %s, want 8s", w)
+	}
+}
+
+func TestPublishRejectsBadMessages(t *testing.T) {
+	c := newCluster(t)
+	p := newPub(t, c)
+	ctx := context.Background()
+	for name, m := range map[string]*broker.Message{
+		"nil":      nil,
+		"no id":    {Topic: "t"},
+		"no topic": {ID: "x"},
+	} {
+		if err := p.Publish(ctx, m); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}
+
+// TestHeadersAndPartitioning: headers and key round-trip, the id travels in
+// its header and not in Headers, and a keyless message's duplicates land in
+// the partition its id hashes to.
+func TestHeadersAndPartitioning(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 8)
+	p := newPub(t, c)
+	s := newSub(t, fastSub(c, uniq("g"), topic))
+
+	keyed := &broker.Message{ID: "keyed", Topic: topic, Key: []byte("k"), Payload: []byte("v"),
+		Headers: map[string]string{broker.HeaderTraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x": ""}}
+	var dups []*broker.Message
+	for i := range 5 {
+		dups = append(dups, &broker.Message{ID: "same-id", Topic: topic, Payload: fmt.Appendf(nil, "copy-%d", i)})
+	}
+	publish(t, p, keyed)
+	publish(t, p, dups...)
+	got := fetchN(t, s, 6, 30*time.Second)
+	ackAll(t, got)
+	parts := map[int32]bool{}
+	for _, m := range got {
+		if _, ok := m.Headers[broker.HeaderMessageID]; ok {
+			t.Errorf("%s: id header leaked into Headers", m.ID)
+		}
+		a := m.Acker.(*acker)
+		if m.ID == "keyed" {
+			if !bytes.Equal(m.Key, keyed.Key) || string(m.Payload) != "v" || m.Headers[broker.HeaderTraceParent] != keyed.Headers[broker.HeaderTraceParent] {
+				t.Errorf("keyed message came back as %+v", m)
+			}
+			if v, ok := m.Headers["x"]; !ok || v != "" {
+				t.Errorf("empty header value lost: %q %v", v, ok)
+			}
+			continue
+		}
+		if m.Key != nil {
+			t.Errorf("keyless message came back with key %q", m.Key)
+		}
+		parts[a.p.partition] = true
+	}
+	if len(parts) != 1 {
+		t.Errorf("5 publishes of one id landed in %d partitions, want 1", len(parts))
+	}
+}
+
+// TestContiguousPrefixCommit: acking offsets 0 and 2 commits 1; acking 1
+// then commits 3.
+func TestContiguousPrefixCommit(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p := newPub(t, c)
+	group := uniq("g")
+	cfg := fastSub(c, group, topic)
+	cfg.CommitInterval = time.Hour // commit only when the test says so
+	s := newSub(t, cfg)
+
+	publish(t, p, msgs(topic, "m", 3)...)
+	got := fetchN(t, s, 3, 30*time.Second)
+	ctx := context.Background()
+	ack := func(i int) {
+		if err := got[i].Acker.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack(0)
+	ack(2)
+	if err := s.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(t, adm, group, topic, 0); at != 1 {
+		t.Fatalf("after acking offsets 0 and 2: committed %d, want 1", at)
+	}
+	ack(1)
+	if err := s.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(t, adm, group, topic, 0); at != 3 {
+		t.Fatalf("after acking offset 1 too: committed %d, want 3", at)
+	}
+}
+
+// TestNakRedeliversSameMessage: a nak'd message comes back with the same id
+// and payload, Delivery 2, no earlier than the delay, and holds the commit
+// until it is acked.
+func TestNakRedeliversSameMessage(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p := newPub(t, c)
+	group := uniq("g")
+	cfg := fastSub(c, group, topic)
+	cfg.CommitInterval = time.Hour
+	s := newSub(t, cfg)
+	publish(t, p, msgs(topic, "n", 2)...)
+	got := fetchN(t, s, 2, 30*time.Second)
+	ctx := context.Background()
+	const delay = 300 * time.Millisecond
+	nakAt := time.Now()
+	if err := got[0].Acker.Nak(ctx, delay); err != nil {
+		t.Fatal(err)
+	}
+	if err := got[0].Acker.Ack(ctx); err != nil { // settled by the Nak: no-op
+		t.Fatal(err)
+	}
+	ackAll(t, got[1:])
+	if err := s.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(t, adm, group, topic, 0); at > 0 {
+		t.Fatalf("committed %d past the nak'd offset 0", at)
+	}
+	again := fetchN(t, s, 1, 30*time.Second)[0]
+	if since := time.Since(nakAt); since < delay {
+		t.Errorf("redelivered after %s, before the %s delay", since, delay)
+	}
+	if again.ID != got[0].ID || !bytes.Equal(again.Payload, got[0].Payload) || again.Delivery != 2 {
+		t.Fatalf("redelivery %s/%q delivery %d, want %s/%q delivery 2", again.ID, again.Payload, again.Delivery, got[0].ID, got[0].Payload)
+	}
+	ackAll(t, []*broker.Message{again})
+	if err := s.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(t, adm, group, topic, 0); at != 2 {
+		t.Fatalf("committed %d after acking the redelivery, want 2", at)
+	}
+}
+
+// TestConsumerDeathRedelivers: a member that closes without settling loses
+// its messages to the next member, and what it acked stays acked.
+func TestConsumerDeathRedelivers(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 3)
+	p := newPub(t, c)
+	group := uniq("g")
+	sent := msgs(topic, "d", 30)
+	publish(t, p, sent...)
+
+	s1 := newSub(t, fastSub(c, group, topic))
+	first := fetchN(t, s1, 30, 30*time.Second)
+	acked := map[string]bool{}
+	for _, m := range first {
+		if m.Acker.(*acker).e.off < 2 { // a contiguous prefix of each partition
+			acked[m.ID] = true
+			ackAll(t, []*broker.Message{m})
+		}
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := newSub(t, fastSub(c, group, topic))
+	rest := fetchN(t, s2, 30-len(acked), 30*time.Second)
+	for _, m := range rest {
+		if acked[m.ID] {
+			t.Errorf("acked message %s delivered again", m.ID)
+		}
+	}
+	ackAll(t, rest)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if extra, err := s2.Fetch(ctx, 10); len(extra) > 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("after all redelivered: %d more, err %v", len(extra), err)
+	}
+}
+
+// TestRevokedSettlesIgnored: after Close (which revokes everything), acking
+// and naking old deliveries is a safe no-op.
+func TestRevokedSettlesIgnored(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p := newPub(t, c)
+	group := uniq("g")
+	s := newSub(t, fastSub(c, group, topic))
+	publish(t, p, msgs(topic, "r", 3)...)
+	got := fetchN(t, s, 3, 30*time.Second)
+	ackAll(t, got[:1])
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := got[1].Acker.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := got[2].Acker.Nak(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(t, adm, group, topic, 0); at != 1 {
+		t.Fatalf("committed %d, want 1 (acks after close ignored)", at)
+	}
+	if _, err := s.Fetch(ctx, 1); !errors.Is(err, broker.ErrClosed) {
+		t.Fatalf("Fetch after Close: %v", err)
+	}
+}
+
+// TestRebalanceMidStream: a second member joins while the first holds
+// unsettled messages. Every message is delivered (nothing lost), everything
+// the first member left unsettled reaches a member again (nothing was
+// committed past it), and at the end the group's commits cover the topic.
+func TestRebalanceMidStream(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	const parts, n = 4, 2000
+	topic := createTopic(t, adm, parts)
+	p := newPub(t, c)
+	group := uniq("g")
+	sent := msgs(topic, "rb", n)
+
+	var mu sync.Mutex
+	acked := map[string]int{}
+	held := map[string]bool{} // never settled by member 0
+	where := map[string]string{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	run := func(id int, s *Subscriber) {
+		defer wg.Done()
+		for k := 0; ; k++ {
+			ms, err := s.Fetch(ctx, 50)
+			if err != nil {
+				return
+			}
+			for _, m := range ms {
+				mu.Lock()
+				a := m.Acker.(*acker)
+				where[m.ID] += fmt.Sprintf(" m%d:p%d@%d", id, a.p.partition, a.e.off)
+				if id == 0 && k%7 == 3 && !held[m.ID] && acked[m.ID] == 0 {
+					held[m.ID] = true // the handler "hangs" on it
+					mu.Unlock()
+					continue
+				}
+				acked[m.ID]++
+				mu.Unlock()
+				_ = m.Acker.Ack(ctx)
+			}
+		}
+	}
+	s0 := newSub(t, fastSub(c, group, topic))
+	wg.Add(1)
+	go run(0, s0)
+	publish(t, p, sent[:n/2]...)
+	// Member 1 joins mid-stream: a cooperative rebalance moves partitions
+	// away from member 0 while it holds unsettled messages.
+	s1 := newSub(t, fastSub(c, group, topic))
+	wg.Add(1)
+	go run(1, s1)
+	for i := n / 2; i < n; i += 100 {
+		publish(t, p, sent[i:i+100]...)
+	}
+	// Member 0 leaves: its held messages must go to member 1.
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		seen := 0
+		for _, m := range sent {
+			if acked[m.ID] > 0 || held[m.ID] {
+				seen++
+			}
+		}
+		mu.Unlock()
+		if seen == n {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := s0.Close(); err != nil {
+		t.Logf("close member 0: %v", err)
+	}
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		done := len(acked)
+		mu.Unlock()
+		if done == n {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := s1.Commit(context.Background()); err != nil {
+		t.Logf("commit: %v", err)
+	}
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	var lost []string
+	for _, m := range sent {
+		if acked[m.ID] == 0 {
+			lost = append(lost, m.ID)
+		}
+	}
+	if len(lost) > 0 {
+		for _, id := range lost[:min(10, len(lost))] {
+			t.Logf("lost %s held=%v deliveries:%s", id, held[id], where[id])
+		}
+		for i := int32(0); i < parts; i++ {
+			t.Logf("partition %d committed %d", i, committed(t, adm, group, topic, i))
+		}
+		t.Fatalf("%d of %d messages never acked (e.g. %s); member 0 held %d", len(lost), n, lost[0], len(held))
+	}
+	if len(held) == 0 {
+		t.Fatal("member 0 held nothing back: the test did not exercise unsettled messages")
+	}
+	ends, err := adm.ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(o kadm.ListedOffset) {
+		if at := committed(t, adm, group, topic, o.Partition); at != o.Offset {
+			t.Errorf("partition %d: committed %d, end %d", o.Partition, at, o.Offset)
+		}
+	})
+	t.Logf("%d messages, %d held by member 0 and redelivered, %d duplicate acks", n, len(held), dupAcks(acked))
+}
+
+func dupAcks(m map[string]int) int {
+	d := 0
+	for _, v := range m {
+		d += v - 1
+	}
+	return d
+}
+
+// TestTransactionalPublish: a transactional Publish that fails aborts the
+// messages it already sent, so read_committed consumers never see them.
+func TestTransactionalPublish(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p, err := NewPublisher(PublisherConfig{Brokers: c.ListenAddrs(), TransactionalID: uniq("tx"), Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	ok1 := &broker.Message{ID: "ok1", Topic: topic, Payload: []byte("1")}
+	huge := &broker.Message{ID: "huge", Topic: topic, Payload: make([]byte, 2<<20)}
+	if err := p.Publish(ctx, ok1, huge); err == nil {
+		t.Fatal("publishing a record over the batch limit succeeded")
+	}
+	ok2 := &broker.Message{ID: "ok2", Topic: topic, Payload: []byte("2")}
+	ok3 := &broker.Message{ID: "ok3", Topic: topic, Payload: []byte("3")}
+	if err := p.Publish(ctx, ok2, ok3); err != nil {
+		t.Fatal(err)
+	}
+	s := newSub(t, fastSub(c, uniq("g"), topic))
+	got := fetchN(t, s, 2, 30*time.Second)
+	ackAll(t, got)
+	for _, m := range got {
+		if m.ID == "ok1" || m.ID == "huge" {
+			t.Fatalf("message %s of an aborted transaction delivered", m.ID)
+		}
+	}
+	if got[0].ID != "ok2" || got[1].ID != "ok3" {
+		t.Fatalf("got %s, %s; want ok2, ok3", got[0].ID, got[1].ID)
+	}
+}
+
+// TestBackpressure: Fetch hands out at most MaxUnsettled deliveries until
+// some settle.
+func TestBackpressure(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p := newPub(t, c)
+	cfg := fastSub(c, uniq("g"), topic)
+	cfg.MaxUnsettled = 5
+	s := newSub(t, cfg)
+	publish(t, p, msgs(topic, "bp", 20)...)
+	got := fetchN(t, s, 5, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if more, err := s.Fetch(ctx, 10); len(more) > 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Fetch past MaxUnsettled: %d messages, err %v", len(more), err)
+	}
+	ackAll(t, got[:2])
+	if more := fetchN(t, s, 2, 30*time.Second); len(more) != 2 {
+		t.Fatalf("after 2 acks: %d more", len(more))
+	}
+}
