@@ -56,9 +56,7 @@ func (c *Consumer) batchWorker(ctx context.Context, q <-chan *delivery) {
 		} else {
 			c.processBatch(ctx, batch)
 		}
-		for range batch {
-			<-c.sem
-		}
+		c.win.release(len(batch))
 	}
 }
 

@@ -47,7 +47,7 @@ type Consumer struct {
 	cfg   Config
 	log   *slog.Logger
 	seed  maphash.Seed
-	sem   chan struct{}
+	win   *window
 	stats counters
 	ran   atomic.Bool
 }
@@ -76,7 +76,7 @@ func New(cfg Config) (*Consumer, error) {
 		cfg:  cfg,
 		log:  cfg.Logger,
 		seed: maphash.MakeSeed(),
-		sem:  make(chan struct{}, cfg.MaxInFlight),
+		win:  newWindow(cfg.MaxInFlight),
 	}, nil
 }
 
@@ -130,26 +130,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error {
 	errDelay := 100 * time.Millisecond
 	for {
-		// Backpressure: one free slot per message fetched.
-		select {
-		case c.sem <- struct{}{}:
-		case <-ctx.Done():
+		// Backpressure: one slot per message fetched, and wait for a
+		// quarter of the window (or a full fetch) to be free.
+		low := min(c.cfg.FetchBatch, max(1, c.cfg.MaxInFlight/4))
+		n, err := c.win.acquire(ctx, low, c.cfg.FetchBatch)
+		if err != nil {
 			return nil
 		}
-		n := 1
-	more:
-		for n < c.cfg.FetchBatch {
-			select {
-			case c.sem <- struct{}{}:
-				n++
-			default:
-				break more
-			}
-		}
 		msgs, err := c.cfg.Subscriber.Fetch(ctx, n)
-		for range n - len(msgs) {
-			<-c.sem
-		}
+		c.win.release(n - len(msgs))
 		for _, m := range msgs {
 			d := c.prepare(m)
 			queues[c.workerFor(m, d)] <- d
@@ -202,7 +191,7 @@ func (c *Consumer) worker(ctx context.Context, q <-chan *delivery) {
 		} else {
 			c.handleOne(ctx, d)
 		}
-		<-c.sem
+		c.win.release(1)
 	}
 }
 

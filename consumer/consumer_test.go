@@ -262,6 +262,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer g.Close()
 	for _, mode := range []string{"single", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			fs.down.Store(true)

@@ -19,6 +19,7 @@ func Example() {
 	store, _ := memstore.New(memstore.Config{})
 	defer store.Close()
 	guard, _ := idem.NewGuard(store)
+	defer guard.Close()
 
 	pub := b.NewPublisher()
 	m := &broker.Message{ID: "order-1/pay", Topic: "orders", Payload: []byte(`{"amount":10}`)}

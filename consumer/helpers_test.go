@@ -175,6 +175,7 @@ func newEnvWith(t *testing.T, b *membroker.Broker, st idem.Store, guardOpts ...i
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { g.Close() })
 	return &env{t: t, b: b, pub: b.NewPublisher(), store: st, guard: g, log: newSettleLog(), topic: "orders"}
 }
 

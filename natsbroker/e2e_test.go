@@ -250,6 +250,7 @@ func testEndToEnd(t *testing.T, mode string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer guard.Close()
 
 	start := time.Now()
 	ids := publishWithDuplicates(t, stream, n, 0.2)

@@ -1,0 +1,52 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+)
+
+// window bounds the messages fetched and not yet settled. Fetching waits
+// for a low-water mark of free room rather than a single slot, so a busy
+// consumer keeps fetching in large batches instead of one message per
+// round trip as slots free up one by one.
+type window struct {
+	mu      sync.Mutex
+	used    int
+	max     int
+	changed chan struct{} // closed and replaced on every release
+}
+
+func newWindow(max int) *window {
+	return &window{max: max, changed: make(chan struct{})}
+}
+
+// acquire waits until at least low slots are free and takes up to want.
+func (w *window) acquire(ctx context.Context, low, want int) (int, error) {
+	for {
+		w.mu.Lock()
+		if free := w.max - w.used; free >= low {
+			n := min(free, want)
+			w.used += n
+			w.mu.Unlock()
+			return n, nil
+		}
+		ch := w.changed
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (w *window) release(n int) {
+	if n <= 0 {
+		return
+	}
+	w.mu.Lock()
+	w.used -= n
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.mu.Unlock()
+}
