@@ -47,7 +47,13 @@ func BenchmarkClaim(b *testing.B) {
 		for _, conc := range []int{1, 8, 64} {
 			for _, tg := range targets {
 				b.Run(fmt.Sprintf("%s/callers=%d/%s", mode.name, conc, tg.name), func(b *testing.B) {
-					benchClaims(b, tg.open(b), conc, mode.batch)
+					c := tg.open(b)
+					benchClaims(b, c, conc, mode.batch)
+					if sc, ok := c.(storeClaimer); ok {
+						if bs, ok := sc.s.(*Store); ok && bs.b.commits.Load() > 0 {
+							b.ReportMetric(float64(bs.b.committedOps.Load())/float64(bs.b.commits.Load()), "ops/commit")
+						}
+					}
 				})
 			}
 		}

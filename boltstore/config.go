@@ -44,6 +44,11 @@ type Config struct {
 	Fsync FsyncPolicy
 	// MaxBatch bounds the operations in one group commit (default 1024).
 	MaxBatch int
+	// MaxLinger caps how long the commit loop waits for stragglers when a
+	// batch is smaller than recent ones (default 500µs; negative: never
+	// wait). The wait is at most a quarter of the previous commit, so it
+	// trades a little latency for fuller commits under concurrency only.
+	MaxLinger time.Duration
 	// SweepInterval is how often the background sweeper purges expired
 	// records of every namespace in the file (default 1m; negative
 	// disables it, leaving Purge to the caller).
@@ -78,6 +83,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxBatch == 0 {
 		c.MaxBatch = 1024
+	}
+	if c.MaxLinger == 0 {
+		c.MaxLinger = 500 * time.Microsecond
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = time.Minute

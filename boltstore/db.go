@@ -37,6 +37,8 @@ type backend struct {
 
 	mu     sync.Mutex
 	spaces map[string]bool // namespaces whose buckets exist
+
+	commits, committedOps atomic.Int64 // for benchmarks: operations per commit
 }
 
 const (
@@ -109,11 +111,12 @@ func (b *backend) do(ctx context.Context, apply func(w *wtx, now int64) (error, 
 // whatever arrived during the last fsync.
 func (b *backend) run() {
 	defer close(b.loop)
-	max := b.cfg.MaxBatch
+	limit := b.cfg.MaxBatch
 	if b.cfg.Fsync == FsyncAlways {
-		max = 1
+		limit = 1
 	}
-	batch := make([]*op, 0, max)
+	batch := make([]*op, 0, limit)
+	expect, lastCommit, linger := 0, time.Duration(0), b.cfg.MaxLinger
 	for {
 		select {
 		case <-b.stop:
@@ -130,7 +133,7 @@ func (b *backend) run() {
 		case o := <-b.queue:
 			batch = append(batch[:0], o)
 		fill:
-			for len(batch) < max {
+			for len(batch) < limit {
 				select {
 				case o := <-b.queue:
 					batch = append(batch, o)
@@ -138,10 +141,45 @@ func (b *backend) run() {
 					break fill
 				}
 			}
+			batch = b.linger(batch, limit, expect, lastCommit, linger)
+			start := time.Now()
 			b.commit(batch)
+			lastCommit = time.Since(start)
+			// expect follows the largest recent batch, decaying so that a
+			// burst long gone stops making commits wait.
+			expect = max(expect-expect/8, len(batch))
 			clear(batch)
 		}
 	}
+}
+
+// linger waits a little for more operations when the batch is smaller than
+// recent ones. Without it, concurrent callers settle into two cohorts that
+// alternate (one queues while the other's commit is in flight), and every
+// commit carries half of them. It waits at most a quarter of the last
+// commit's duration (capped by Config.MaxLinger) and never when callers
+// come one at a time (expect <= 1), so a lone caller pays no delay.
+func (b *backend) linger(batch []*op, limit, expect int, lastCommit, cap time.Duration) []*op {
+	if len(batch) >= expect || len(batch) >= limit || cap <= 0 {
+		return batch
+	}
+	wait := min(lastCommit/4, cap)
+	if wait <= 0 {
+		return batch
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for len(batch) < expect && len(batch) < limit {
+		select {
+		case o := <-b.queue:
+			batch = append(batch, o)
+		case <-t.C:
+			return batch
+		case <-b.stop:
+			return batch
+		}
+	}
+	return batch
 }
 
 func (b *backend) commit(batch []*op) {
@@ -208,6 +246,8 @@ func (b *backend) commit(batch []*op) {
 			finish(b.commitFailed(err))
 			return
 		}
+		b.commits.Add(1)
+		b.committedOps.Add(int64(len(live)))
 		finish(nil)
 		return
 	}
