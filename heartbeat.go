@@ -134,7 +134,9 @@ func (b *beater) idle() bool {
 }
 
 func (b *beater) beat(h *Held) {
-	ctx, cancel := context.WithTimeout(context.Background(), b.interval)
+	// Half a lease: long enough for a slow store, short enough that a
+	// failed beat leaves time for the next before the lease runs out.
+	ctx, cancel := context.WithTimeout(context.Background(), max(h.lease/2, b.interval))
 	err := b.g.store.Extend(ctx, h.key, h.token, h.lease)
 	cancel()
 	h.mu.Lock()
