@@ -69,7 +69,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) {
 	claims := make([]*delivery, 0, len(batch))
 	for _, d := range batch {
 		if d.keyErr != nil {
-			c.missingKey(extractTrace(ctx, d.m), d)
+			c.missingKey(broker.ExtractTrace(ctx, d.m), d)
 			continue
 		}
 		if f := first[string(d.key)]; f != nil {

@@ -197,7 +197,7 @@ func (c *Consumer) worker(ctx context.Context, q <-chan *delivery) {
 
 // handleOne runs one delivery through the guard and settles it.
 func (c *Consumer) handleOne(ctx context.Context, d *delivery) {
-	ctx = extractTrace(ctx, d.m)
+	ctx = broker.ExtractTrace(ctx, d.m)
 	if d.keyErr != nil {
 		c.missingKey(ctx, d)
 		return

@@ -476,9 +476,9 @@ func TestShutdownTimeoutNaksTheRest(t *testing.T) {
 func TestTraceContext(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config(e.sub("g"))
-	got := make(chan consumer.TraceContext, 2)
+	got := make(chan broker.TraceContext, 2)
 	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
-		tc, _ := consumer.TraceFromContext(ctx)
+		tc, _ := broker.TraceFromContext(ctx)
 		got <- tc
 		return nil, nil
 	}

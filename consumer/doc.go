@@ -4,7 +4,8 @@
 // broker delivers it.
 //
 // Per delivery: the W3C trace context is taken from the traceparent header
-// (TraceFromContext); the idempotency key (MessageIDKey, BusinessKey,
+// (broker.TraceFromContext; in batch mode there is no per-message context);
+// the idempotency key (MessageIDKey, BusinessKey,
 // JSONBusinessKey, JSONFieldsKey or your own KeyFunc) and a payload
 // fingerprint are computed; the guard claims the key; then
 //

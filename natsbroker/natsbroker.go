@@ -58,7 +58,8 @@ func (c PublisherConfig) withDefaults() PublisherConfig {
 }
 
 // Publisher publishes to JetStream and waits for every publish ack.
-// Message.Topic is the subject.
+// Message.Topic is the subject. A message without a traceparent gets the
+// trace context of ctx (broker.InjectTrace).
 type Publisher struct {
 	cfg    PublisherConfig
 	closed atomic.Bool
@@ -72,13 +73,14 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	return &Publisher{cfg: cfg.withDefaults()}, nil
 }
 
-func (p *Publisher) toNats(m *broker.Message) (*nats.Msg, error) {
+func (p *Publisher) toNats(ctx context.Context, m *broker.Message) (*nats.Msg, error) {
 	if m.ID == "" {
 		return nil, fmt.Errorf("natsbroker: message without ID (ids are fixed by the producer)")
 	}
 	if m.Topic == "" {
 		return nil, fmt.Errorf("natsbroker: message %s without Topic", m.ID)
 	}
+	m = broker.InjectTrace(ctx, m)
 	nm := nats.NewMsg(m.Topic)
 	nm.Data = m.Payload
 	for k, v := range m.Headers {
@@ -115,7 +117,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 		defer cancel()
 	}
 	if len(msgs) == 1 {
-		nm, err := p.toNats(msgs[0])
+		nm, err := p.toNats(ctx, msgs[0])
 		if err != nil {
 			return err
 		}
@@ -126,7 +128,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	}
 	futs := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for _, m := range msgs {
-		nm, err := p.toNats(m)
+		nm, err := p.toNats(ctx, m)
 		if err != nil {
 			return err
 		}

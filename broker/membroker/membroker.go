@@ -151,7 +151,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	defer p.b.mu.Unlock()
 	now := time.Now()
 	for _, m := range msgs {
-		c := clone(m)
+		c := clone(broker.InjectTrace(ctx, m))
 		c.PublishedAt = now
 		t := p.b.topic(m.Topic)
 		t.log = append(t.log, c)
