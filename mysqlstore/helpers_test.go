@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -92,4 +93,23 @@ func newStore(t testing.TB, cfg mysqlstore.Config) (*mysqlstore.Store, *sql.DB) 
 	}
 	t.Cleanup(func() { s.Close() })
 	return s, db
+}
+
+// fakeTB lets examples reuse newDB: it collects cleanups and panics on
+// failure.
+type fakeTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (f *fakeTB) Helper()                   {}
+func (f *fakeTB) Cleanup(fn func())         { f.cleanups = append(f.cleanups, fn) }
+func (f *fakeTB) Fatal(args ...any)         { panic(fmt.Sprint(args...)) }
+func (f *fakeTB) Fatalf(s string, a ...any) { panic(fmt.Sprintf(s, a...)) }
+func (f *fakeTB) Errorf(s string, a ...any) { panic(fmt.Sprintf(s, a...)) }
+func (f *fakeTB) Error(args ...any)         { panic(fmt.Sprint(args...)) }
+func (f *fakeTB) cleanup() {
+	for i := len(f.cleanups) - 1; i >= 0; i-- {
+		f.cleanups[i]()
+	}
 }

@@ -1,0 +1,107 @@
+package mysqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/mysqlstore"
+)
+
+// exampleDB makes a throwaway database for an example and returns a pool
+// on it and a function that drops it.
+func exampleDB() (*sql.DB, func()) {
+	var t fakeTB
+	_, db := newDB(&t)
+	return db, t.cleanup
+}
+
+func Example() {
+	db, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	cfg := mysqlstore.Config{DB: db, Namespace: "billing"}
+	if err := mysqlstore.Migrate(ctx, cfg); err != nil { // idempotent
+		panic(err)
+	}
+	s, err := mysqlstore.Open(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close()
+
+	req := idem.ClaimRequest{Key: []byte("msg-42"), Lease: 30 * time.Second, TTL: 24 * time.Hour}
+	c, _ := s.Claim(ctx, req)
+	fmt.Println(c.Outcome)
+	_ = s.Complete(ctx, req.Key, c.Record.Token, []byte("charged"))
+	c, _ = s.Claim(ctx, req)
+	fmt.Println(c.Outcome, string(c.Record.Result))
+	// Output:
+	// acquired
+	// completed charged
+}
+
+// DoTx commits the effect and the idempotency record together.
+func ExampleStore_DoTx() {
+	db, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	cfg := mysqlstore.Config{DB: db}
+	if err := mysqlstore.Migrate(ctx, cfg); err != nil {
+		panic(err)
+	}
+	s, _ := mysqlstore.Open(ctx, cfg)
+	defer s.Close()
+	if _, err := db.Exec("CREATE TABLE payments (msg VARBINARY(64), amount INT)"); err != nil {
+		panic(err)
+	}
+	pay := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+		_, err := tx.ExecContext(ctx, "INSERT INTO payments VALUES ('msg-7', 100)")
+		return []byte("paid 100"), err
+	}
+	req := idem.ClaimRequest{Key: []byte("msg-7"), Lease: time.Minute, TTL: 24 * time.Hour}
+	for i := 0; i < 3; i++ { // the broker delivers the message three times
+		c, err := s.DoTx(ctx, req, pay)
+		fmt.Println(c.Outcome, string(c.Record.Result), err)
+	}
+	var n int
+	_ = db.QueryRow("SELECT COUNT(*) FROM payments").Scan(&n)
+	fmt.Println("payments:", n)
+	// Output:
+	// acquired paid 100 <nil>
+	// completed paid 100 <nil>
+	// completed paid 100 <nil>
+	// payments: 1
+}
+
+// A batch consumer claims a whole poll in one statement.
+func ExampleStore_ClaimBatch() {
+	db, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	cfg := mysqlstore.Config{DB: db}
+	_ = mysqlstore.Migrate(ctx, cfg)
+	s, _ := mysqlstore.Open(ctx, cfg)
+	defer s.Close()
+	r := func(k string) idem.ClaimRequest {
+		return idem.ClaimRequest{Key: []byte(k), Lease: time.Minute, TTL: time.Hour}
+	}
+	res, err := s.ClaimBatch(ctx, []idem.ClaimRequest{r("a"), r("b"), r("a"), r("")})
+	if err != nil {
+		panic(err)
+	}
+	for _, x := range res {
+		if x.Err != nil {
+			fmt.Println("error:", x.Err)
+			continue
+		}
+		fmt.Println(x.Claim.Outcome)
+	}
+	// Output:
+	// acquired
+	// acquired
+	// in_progress
+	// error: idem: invalid key: empty key
+}
