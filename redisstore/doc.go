@@ -4,11 +4,12 @@
 //
 // Every write is ONE Lua script that reads the server's clock with TIME, so
 // all workers share one clock for leases, and checks the fencing token in
-// the same step as it changes the record. A record is a hash under
+// the same step as it changes the record. A record is one string under
 //
 //	<Prefix><Namespace>:{<shard>}:k:<key bytes>
 //
-// with a PEXPIREAT at its ExpiresAt set on every write, so Redis itself
+// (a short numeric header, then fingerprint, last error and result as raw
+// bytes), written with PXAT at its ExpiresAt on every write, so Redis itself
 // drops records past retention (Purge is a no-op that reports 0). Tokens
 // come from one counter per shard, <Prefix><Namespace>:{<shard>}:seq, in the
 // same hash slot as its records (the {shard} hash tag): a new token is

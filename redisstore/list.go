@@ -103,7 +103,7 @@ func parseCursor(s string) (listCursor, error) {
 }
 
 // ListInProgress implements idem.Lister with SCAN (MATCH on the namespace's
-// record keys) on each master in turn and one pipelined HMGET per step. It
+// record keys) on each master in turn and one pipelined GET per step. It
 // is O(records in the database) over a full iteration and, like SCAN, may
 // miss or repeat records that appear, vanish or move (resharding) while it
 // runs. limit <= 0 means 100.
@@ -171,9 +171,9 @@ func (s *Store) fetch(ctx context.Context, c redis.Cmdable, keys []string) ([]id
 		return nil, nil, nil
 	}
 	pipe := c.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(keys))
+	cmds := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, k, recordFields...)
+		cmds[i] = pipe.Get(ctx, k)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, nil, mapErr(ctx, err, "list", false)
@@ -181,15 +181,18 @@ func (s *Store) fetch(ctx context.Context, c redis.Cmdable, keys []string) ([]id
 	var recs []idem.Record
 	var rks []string
 	for i, cmd := range cmds {
-		v := cmd.Val()
-		if len(v) == 0 || v[0] == nil {
-			continue
+		v, err := cmd.Result()
+		if err == redis.Nil {
+			continue // expired since the SCAN
+		}
+		if err != nil {
+			return nil, nil, mapErr(ctx, err, "list", false)
 		}
 		uk, ok := s.userKey(keys[i])
 		if !ok {
 			continue
 		}
-		r, err := decodeRecord(uk, v)
+		r, err := parseRecord(uk, v)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -200,7 +203,7 @@ func (s *Store) fetch(ctx context.Context, c redis.Cmdable, keys []string) ([]id
 }
 
 // Stats implements idem.Stater by scanning every record of the namespace:
-// O(records in the database), one SCAN step and one pipelined HGET per 512
+// O(records in the database), one SCAN step and one pipelined GETRANGE per 512
 // keys. Meant for dashboards on modest data sets, not for hot paths.
 func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 	var st idem.Stats
@@ -222,20 +225,20 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 				pipe := n.Pipeline()
 				cmds := make([]*redis.StringCmd, len(keys))
 				for i, k := range keys {
-					cmds[i] = pipe.HGet(ctx, k, "s")
+					cmds[i] = pipe.GetRange(ctx, k, 0, 2) // "1|<state>"
 				}
 				if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 					return st, mapErr(ctx, err, "stats", false)
 				}
 				for _, c := range cmds {
 					switch c.Val() {
-					case "p":
+					case "1|p":
 						st.InProgress++
-					case "c":
+					case "1|c":
 						st.Completed++
-					case "f":
+					case "1|f":
 						st.Failed++
-					case "r":
+					case "1|r":
 						st.Released++
 					}
 				}

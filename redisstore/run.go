@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -157,10 +158,11 @@ func decodeClaims(cmd *redis.Cmd, reqs []idem.ClaimRequest) ([]idem.BatchResult,
 			out[i].Err = fmt.Errorf("%w: key %q", idem.ErrFingerprintMismatch, trunc(reqs[i].Key))
 			continue
 		}
-		if len(ent) != 11 || code < 1 || code > 4 {
+		raw, _ := ent[len(ent)-1].(string)
+		if len(ent) != 2 || code < 1 || code > 4 {
 			return nil, fmt.Errorf("redisstore: claim: unexpected entry %v", e)
 		}
-		rec, err := decodeRecord(reqs[i].Key, ent[1:])
+		rec, err := parseRecord(reqs[i].Key, raw)
 		if err != nil {
 			return nil, err
 		}
@@ -169,32 +171,38 @@ func decodeClaims(cmd *redis.Cmd, reqs []idem.ClaimRequest) ([]idem.BatchResult,
 	return out, nil
 }
 
-// decodeRecord reads values in recordFields order.
-func decodeRecord(key []byte, v []any) (idem.Record, error) {
-	str := func(i int) string { s, _ := v[i].(string); return s }
-	var b []byte
-	bytesOf := func(i int) []byte {
-		if s, ok := v[i].(string); ok && s != "" {
-			return append(b, s...)
-		}
-		return nil
+// parseRecord decodes the record format written by the scripts (see
+// scripts.go).
+func parseRecord(key []byte, v string) (idem.Record, error) {
+	bad := func(what string) (idem.Record, error) {
+		return idem.Record{}, fmt.Errorf("redisstore: key %q: corrupt record (%s)", trunc(key), what)
 	}
-	num := func(i int) (int64, error) {
-		s := str(i)
-		if s == "" {
-			return 0, nil
+	var f [11]string
+	rest := v
+	for i := range f {
+		j := strings.IndexByte(rest, '|')
+		if j < 0 {
+			return bad("header")
 		}
-		return strconv.ParseInt(s, 10, 64)
+		f[i], rest = rest[:j], rest[j+1:]
 	}
-	ms := func(i int) time.Time {
-		n, _ := num(i)
-		if n == 0 {
-			return time.Time{}
+	if f[0] != "1" {
+		return bad("version " + f[0])
+	}
+	var n [10]int64
+	for i := 2; i <= 10; i++ {
+		x, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || x < 0 {
+			return bad("field " + strconv.Itoa(i))
 		}
-		return time.UnixMilli(n)
+		n[i-1] = x
+	}
+	fl, el := n[8], n[9]
+	if fl+el > int64(len(rest)) {
+		return bad("lengths")
 	}
 	var st idem.State
-	switch str(0) {
+	switch f[1] {
 	case "p":
 		st = idem.StateInProgress
 	case "c":
@@ -204,27 +212,25 @@ func decodeRecord(key []byte, v []any) (idem.Record, error) {
 	case "r":
 		st = idem.StateReleased
 	default:
-		return idem.Record{}, fmt.Errorf("redisstore: key %q: bad state %q", trunc(key), str(0))
+		return bad("state " + f[1])
 	}
-	tok, err := strconv.ParseUint(str(1), 10, 64)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("redisstore: key %q: bad token %q", trunc(key), str(1))
-	}
-	att, err := num(4)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("redisstore: key %q: bad attempts %q", trunc(key), str(4))
+	bs := func(s string) []byte {
+		if s == "" {
+			return nil
+		}
+		return []byte(s)
 	}
 	return idem.Record{
 		Key:         append([]byte(nil), key...),
 		State:       st,
-		Token:       tok,
-		Fingerprint: bytesOf(2),
-		Result:      bytesOf(3),
-		Attempts:    int(att),
-		LastError:   str(5),
-		LeaseUntil:  ms(6),
-		ExpiresAt:   ms(7),
-		CreatedAt:   ms(8),
-		UpdatedAt:   ms(9),
+		Token:       uint64(n[1]),
+		Fingerprint: bs(rest[:fl]),
+		LastError:   rest[fl : fl+el],
+		Result:      bs(rest[fl+el:]),
+		Attempts:    int(n[2]),
+		LeaseUntil:  time.UnixMilli(n[3]),
+		ExpiresAt:   time.UnixMilli(n[4]),
+		CreatedAt:   time.UnixMilli(n[5]),
+		UpdatedAt:   time.UnixMilli(n[6]),
 	}, nil
 }

@@ -2,15 +2,16 @@ package redisstore
 
 import "github.com/redis/go-redis/v9"
 
-// Record hash fields. Names are one byte to keep each record a small
-// listpack (see docs/redisstore.md for the measured size).
+// A record is one string key (see docs/redisstore.md for why not a hash):
 //
-//	s state (p in progress, c completed, f failed, r released)
-//	t token (decimal)          f fingerprint (absent when empty)
-//	r result (absent if empty) a attempts
-//	e last error               l lease until (unix ms)
-//	x expires at (unix ms)     c created (unix ms)
-//	u updated (unix ms)        d TTL of the latest claim (ms)
+//	1|s|token|attempts|lease|expires|created|updated|ttl|len(f)|len(e)|<f><e><r>
+//
+// 1 is the format version; s is p (in progress), c (completed), f (failed)
+// or r (released); times are unix ms; ttl is the latest claim's TTL in ms
+// (Complete and Fail need it); f, e and r are the fingerprint, last error
+// and result as raw bytes, the first two length-prefixed, the result taking
+// the rest. Every write sets it with PXAT expires, so Redis drops it at
+// ExpiresAt.
 //
 // Every script reads the time with TIME so that all workers share the
 // server's clock, and formats numbers with %.0f: Redis converts Lua numbers
@@ -22,56 +23,70 @@ local tm = redis.call('TIME')
 local nowms = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local nowus = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local function S(v) return string.format('%.0f', v) end
+local function parse(v)
+  local ver, s, t, a, l, x, c, u, d, fl, el, p = string.match(v,
+    '^(%d)|(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+  if ver ~= '1' then return nil end
+  fl, el = tonumber(fl), tonumber(el)
+  return {s = s, t = t, a = a, l = tonumber(l), x = tonumber(x), c = c, d = d,
+    f = string.sub(v, p, p + fl - 1), e = string.sub(v, p + fl, p + fl + el - 1), rp = p + fl + el}
+end
+local function pack(s, t, a, l, x, c, u, d, f, e, r)
+  return '1|' .. s .. '|' .. t .. '|' .. a .. '|' .. l .. '|' .. x .. '|' .. c .. '|' .. u .. '|' .. d ..
+    '|' .. S(#f) .. '|' .. S(#e) .. '|' .. f .. e .. r
+end
+local function corrupt(k) return redis.error_reply('idem: corrupt record at ' .. k) end
 `
 
 // claimScript claims n keys in order. KEYS: record1, seq1, record2, seq2...
 // ARGV: fp1, lease1, ttl1, fp2, ... (ms). It returns one entry per key:
-// {code, s, t, f, r, a, e, l, x, c, u} with code 1 acquired, 2 completed,
-// 3 in progress, 4 failed, 9 fingerprint mismatch (then only {9}).
+// {code, record} with code 1 acquired, 2 completed, 3 in progress, 4
+// failed, 9 fingerprint mismatch (then only {9}).
 //
-// The token is max(seq+1, now in µs) where seq is the shard's counter: the
-// counter keeps tokens growing when the clock steps back, the clock keeps
-// them growing when the counter is lost (flush, failover that lost the last
-// writes). The counter is written before the record so that a write refused
-// half way (OOM) can only waste a token, never reuse one.
+// The token is max(seq+1, now in µs) where seq is the shard's counter (one
+// SET ... GET in the usual case, a second SET when the clock has not passed
+// the counter): the counter keeps tokens growing when the clock steps back,
+// the clock keeps them growing when the counter is lost (flush, failover
+// that lost the last writes). The counter is written before the record so
+// that a write refused half way (OOM) can only waste a token, never reuse
+// one.
 var claimScript = redis.NewScript(luaPrelude + `
 local out = {}
 for i = 1, #KEYS / 2 do
   local rk, sk = KEYS[2*i-1], KEYS[2*i]
   local fp, lease, ttl = ARGV[3*i-2], tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
-  local h = redis.call('HMGET', rk, 's', 't', 'f', 'r', 'a', 'e', 'l', 'x', 'c', 'u')
-  local s = h[1]
-  local code = 1
-  if s then
-    if fp ~= '' and h[3] and h[3] ~= '' and h[3] ~= fp then code = 9
-    elseif s == 'c' then code = 2
-    elseif s == 'f' then code = 4
-    elseif s == 'p' and tonumber(h[7]) > nowms then code = 3
+  local v = redis.call('GET', rk)
+  local code, h = 1, nil
+  if v then
+    h = parse(v)
+    if not h then return corrupt(rk) end
+    if fp ~= '' and h.f ~= '' and h.f ~= fp then code = 9
+    elseif h.s == 'c' then code = 2
+    elseif h.s == 'f' then code = 4
+    elseif h.s == 'p' and h.l > nowms then code = 3
     end
   end
   if code == 9 then
     out[i] = {9}
   elseif code ~= 1 then
-    out[i] = {code, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10]}
+    out[i] = {code, v}
   else
-    local c = tonumber(redis.call('GET', sk) or '0')
-    if c < nowus then c = nowus else c = c + 1 end
-    local tok = S(c)
-    redis.call('SET', sk, tok)
+    local c = nowus
+    local old = tonumber(redis.call('SET', sk, S(c), 'GET') or '0')
+    if old >= c then
+      c = old + 1
+      redis.call('SET', sk, S(c))
+    end
     local lu = nowms + lease
     local ex = math.max(nowms + ttl, lu)
-    local att, cr, f = 1, S(nowms), h[3]
-    if s then
-      att = tonumber(h[5]) + 1
-      cr = h[9]
+    local att, cr, f, e = '1', S(nowms), fp, ''
+    if h then
+      att, cr, e = S(tonumber(h.a) + 1), h.c, h.e
+      if h.f ~= '' then f = h.f end
     end
-    if (not f or f == '') and fp ~= '' then
-      f = fp
-      redis.call('HSET', rk, 'f', fp)
-    end
-    redis.call('HSET', rk, 's', 'p', 't', tok, 'a', S(att), 'l', S(lu), 'x', S(ex), 'c', cr, 'u', S(nowms), 'd', S(ttl))
-    redis.call('PEXPIREAT', rk, S(ex))
-    out[i] = {1, 'p', tok, f, false, S(att), h[6], S(lu), S(ex), cr, S(nowms)}
+    v = pack('p', S(c), att, S(lu), S(ex), cr, S(nowms), S(ttl), f, e, '')
+    redis.call('SET', rk, v, 'PXAT', S(ex))
+    out[i] = {1, v}
   end
 end
 return out
@@ -82,35 +97,31 @@ return out
 // ms). Returns 1 done, 0 not found, -1 fenced.
 var updateScript = redis.NewScript(luaPrelude + `
 local rk, op, tok, arg = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
-local h = redis.call('HMGET', rk, 's', 't', 'x', 'd')
-local s = h[1]
-if not s then return 0 end
-if h[2] ~= tok then return -1 end
-if s == op then
-  if op == 'c' or op == 'r' or op == 'f' then return 1 end
-end
-if s ~= 'p' then return -1 end
-local ex = tonumber(h[3])
+local v = redis.call('GET', rk)
+if not v then return 0 end
+local h = parse(v)
+if not h then return corrupt(rk) end
+if h.t ~= tok then return -1 end
+if h.s == op and (op == 'c' or op == 'r' or op == 'f') then return 1 end
+if h.s ~= 'p' then return -1 end
+local ex, l, e = h.x, h.l, h.e
+local s = op
 if op == 'c' then
-  ex = nowms + tonumber(h[4])
-  if arg ~= '' then redis.call('HSET', rk, 'r', arg) end
-  redis.call('HSET', rk, 's', 'c', 'u', S(nowms), 'x', S(ex))
+  ex = nowms + tonumber(h.d)
 elseif op == 'r' then
-  if arg ~= '' then redis.call('HSET', rk, 'e', arg) end
-  redis.call('HSET', rk, 's', 'r', 'u', S(nowms))
+  if arg ~= '' then e = arg end
 elseif op == 'f' then
-  ex = nowms + tonumber(h[4])
-  redis.call('HSET', rk, 's', 'f', 'e', arg, 'u', S(nowms), 'x', S(ex))
+  ex = nowms + tonumber(h.d)
+  e = arg
 elseif op == 'e' then
-  local lu = nowms + tonumber(arg)
-  if lu > ex then ex = lu end
-  redis.call('HSET', rk, 'l', S(lu), 'u', S(nowms), 'x', S(ex))
+  s = 'p'
+  l = nowms + tonumber(arg)
+  if l > ex then ex = l end
 else
   return redis.error_reply('idem: unknown op ' .. op)
 end
-redis.call('PEXPIREAT', rk, S(ex))
+local r = ''
+if op == 'c' then r = arg end
+redis.call('SET', rk, pack(s, h.t, h.a, S(l), S(ex), h.c, S(nowms), h.d, h.f, e, r), 'PXAT', S(ex))
 return 1
 `)
-
-// recordFields is the HMGET order shared by claimScript's replies and Get.
-var recordFields = []string{"s", "t", "f", "r", "a", "e", "l", "x", "c", "u"}

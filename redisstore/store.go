@@ -240,8 +240,8 @@ func opName(op string) string {
 	return "extend"
 }
 
-// Get implements idem.Store with one HMGET (a read; Redis hides expired
-// keys itself).
+// Get implements idem.Store with one GET (a read; Redis hides expired keys
+// itself).
 func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
 	if err := idem.ValidateKey(key); err != nil {
 		return idem.Record{}, err
@@ -250,14 +250,14 @@ func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
 		return idem.Record{}, err
 	}
 	rk, _ := s.keysOf(key)
-	vals, err := s.client.HMGet(ctx, rk, recordFields...).Result()
+	v, err := s.client.Get(ctx, rk).Result()
+	if err == redis.Nil {
+		return idem.Record{}, fmt.Errorf("%w: key %q", idem.ErrNotFound, trunc(key))
+	}
 	if err != nil {
 		return idem.Record{}, mapErr(ctx, err, "get", false)
 	}
-	if vals[0] == nil {
-		return idem.Record{}, fmt.Errorf("%w: key %q", idem.ErrNotFound, trunc(key))
-	}
-	return decodeRecord(key, vals)
+	return parseRecord(key, v)
 }
 
 // Delete implements idem.Store (admin eviction). The shard counter stays,
