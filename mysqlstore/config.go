@@ -97,7 +97,7 @@ type Config struct {
 	// 168h (week, Monday UTC). Default a day.
 	Period time.Duration
 	// Precreate is how many future partitions Migrate and
-	// MaintainPartitions keep ready (default 2). Keys past the last one go
+	// EnsurePartitions keep ready (default 2). Keys past the last one go
 	// to the catch-all partition pmax.
 	Precreate int
 	// Retention is how long after a partition's end DropExpiredPartitions

@@ -57,7 +57,7 @@ func ExampleStore_DoTx() {
 	if _, err := db.Exec("CREATE TABLE payments (msg VARBINARY(64), amount INT)"); err != nil {
 		panic(err)
 	}
-	pay := func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+	pay := func(ctx context.Context, tx *sql.Tx, _ idem.Claim) ([]byte, error) {
 		_, err := tx.ExecContext(ctx, "INSERT INTO payments VALUES ('msg-7', 100)")
 		return []byte("paid 100"), err
 	}

@@ -319,13 +319,13 @@ func (s *Store) alter(ctx context.Context, q string) error {
 	return mapErr(err, true)
 }
 
-// MaintainPartitions makes sure partitions exist up to Precreate periods
+// EnsurePartitions makes sure partitions exist up to Precreate periods
 // ahead of the current one (database clock), splitting them off pmax. It
 // returns how many it added. Run it at least once per period (the
 // mysqlstore-migrate command has a partitions subcommand); keys beyond the
 // last partition still land in pmax, so a missed run costs locality, never
 // correctness.
-func (s *Store) MaintainPartitions(ctx context.Context) (int, error) {
+func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}

@@ -417,6 +417,11 @@ func (s *Store) retry(ctx context.Context, enabled bool, fn func() error) error 
 // an entry following a mismatch, whose own fingerprint might take the key
 // over, needs another statement.
 func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	return s.claimBatch(ctx, nil, reqs)
+}
+
+// claimBatch runs on tx when it is not nil, else on the pool.
+func (s *Store) claimBatch(ctx context.Context, tx *sql.Tx, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
@@ -468,7 +473,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 		if len(round) == 0 {
 			return out, nil
 		}
-		if err := s.runRound(ctx, round); err != nil {
+		if err := s.runRound(ctx, tx, round); err != nil {
 			if applied {
 				err = fmt.Errorf("%w: mysqlstore: batch partly applied: %w", idem.ErrUnknownOutcome, err)
 			}
@@ -486,7 +491,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 
 // runRound executes the statements of one round: per table, sorted, in
 // chunks of MaxBatch; tables in parallel.
-func (s *Store) runRound(ctx context.Context, round []*item) error {
+func (s *Store) runRound(ctx context.Context, tx *sql.Tx, round []*item) error {
 	byTable := map[string][]*item{}
 	var tables []string
 	for _, it := range round {
@@ -519,9 +524,19 @@ func (s *Store) runRound(ctx context.Context, round []*item) error {
 	run := func(i int) {
 		errs[i] = s.retry(ctx, true, func() error { return s.execClaims(ctx, s.db, chunkTable[i], chunks[i]) })
 	}
-	if len(chunks) == 1 {
+	switch {
+	case tx != nil:
+		// One connection: one statement at a time, no retry (a deadlock
+		// rolled the caller's transaction back).
+		for i := range chunks {
+			if err := s.execClaims(ctx, tx, chunkTable[i], chunks[i]); err != nil {
+				return s.claimErr(nil, err)
+			}
+		}
+		return nil
+	case len(chunks) == 1:
 		run(0)
-	} else {
+	default:
 		var wg sync.WaitGroup
 		for i := range chunks {
 			wg.Go(func() { run(i) })
@@ -649,13 +664,17 @@ func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause str
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.finish(ctx, s.db, key, token, finishOp{name: "release", target: idem.StateReleased, set: func(sb *strings.Builder) {
+	return s.finish(ctx, s.db, key, token, releaseOp(cause))
+}
+
+func releaseOp(cause string) finishOp {
+	return finishOp{name: "release", target: idem.StateReleased, set: func(sb *strings.Builder) {
 		sb.WriteString("state = 4")
 		if cause != "" {
 			sb.WriteString(", last_error = ")
 			hexLit(sb, []byte(cause))
 		}
-	}})
+	}}
 }
 
 // Fail implements idem.Store.

@@ -255,8 +255,8 @@ func TestPartitions(t *testing.T) {
 	if len(before) != 6 || before[len(before)-1] != "pmax" {
 		t.Fatalf("partitions %v", before)
 	}
-	if n, err := s.MaintainPartitions(ctx); err != nil || n != 0 {
-		t.Fatalf("MaintainPartitions on a fresh table = %d, %v", n, err)
+	if n, err := s.EnsurePartitions(ctx); err != nil || n != 0 {
+		t.Fatalf("EnsurePartitions on a fresh table = %d, %v", n, err)
 	}
 	// Keys 3 days old land in the first partition; one stays live, so
 	// nothing may be dropped yet.
@@ -295,8 +295,8 @@ func TestPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	notPart, _ := newStore(t, mysqlstore.Config{})
-	if _, err := notPart.MaintainPartitions(ctx); !errors.Is(err, idem.ErrInvalidArgument) {
-		t.Fatalf("MaintainPartitions on a single table: %v", err)
+	if _, err := notPart.EnsurePartitions(ctx); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("EnsurePartitions on a single table: %v", err)
 	}
 }
 

@@ -54,9 +54,39 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, key []byte, token ui
 	return s.finish(ctx, tx, key, token, completeOp(result))
 }
 
-// TxFunc is the effect run by DoTx inside the transaction. Its result is
-// stored with the completed record and replayed to duplicates.
-type TxFunc func(ctx context.Context, tx *sql.Tx) (result []byte, err error)
+// ReleaseTx releases a claim inside the caller's transaction.
+func (s *Store) ReleaseTx(ctx context.Context, tx *sql.Tx, key []byte, token uint64, cause string) error {
+	if tx == nil {
+		return fmt.Errorf("%w: mysqlstore: nil tx", idem.ErrInvalidArgument)
+	}
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return s.finish(ctx, tx, key, token, releaseOp(cause))
+}
+
+// ClaimBatchTx is ClaimBatch inside the caller's transaction: the rows stay
+// locked until tx ends, so a batch consumer can apply every acquired
+// message's effect and CompleteTx them in the same commit. Statements run
+// one after another on tx (sharded layouts too). A deadlock
+// (IsRetryable) rolled tx back: run the whole transaction again.
+func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("%w: mysqlstore: nil tx", idem.ErrInvalidArgument)
+	}
+	return s.claimBatch(ctx, tx, reqs)
+}
+
+// TxFunc is the effect run by DoTx inside the transaction, given the
+// acquired claim (its token, attempts). Its result is stored with the
+// completed record and replayed to duplicates. (Same shape as pgstore's.)
+type TxFunc func(ctx context.Context, tx *sql.Tx, claim idem.Claim) (result []byte, err error)
 
 // DoTx runs fn exactly once per key, atomically with its idempotency record:
 // BEGIN; claim (row locked); fn(tx); complete; COMMIT. The effect and the
@@ -138,7 +168,7 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 	case idem.OutcomeFailed:
 		return c, &idem.FailedError{Key: req.Key, Cause: c.Record.LastError, Attempts: c.Record.Attempts}
 	}
-	result, err := runFn(ctx, tx, fn)
+	result, err := runFn(ctx, tx, c, fn)
 	if err != nil {
 		if IsRetryable(err) {
 			return idem.Claim{}, err
@@ -167,13 +197,13 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 
 // runFn calls fn and turns a panic into an error after rolling back (the
 // deferred Rollback in doTxOnce) so the connection is not left mid-transaction.
-func runFn(ctx context.Context, tx *sql.Tx, fn TxFunc) (res []byte, err error) {
+func runFn(ctx context.Context, tx *sql.Tx, c idem.Claim, fn TxFunc) (res []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic: %v", p)
 		}
 	}()
-	return fn(ctx, tx)
+	return fn(ctx, tx, c)
 }
 
 // resolveCommit decides what a failed COMMIT did by reading the record.

@@ -33,7 +33,7 @@ func ledgerCount(t *testing.T, db *sql.DB, key string) int {
 }
 
 func appendLedger(key string, result string) mysqlstore.TxFunc {
-	return func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+	return func(ctx context.Context, tx *sql.Tx, _ idem.Claim) ([]byte, error) {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO ledger (k) VALUES (?)", []byte(key)); err != nil {
 			return nil, err
 		}
@@ -53,7 +53,7 @@ func TestDoTxOnceAndReplay(t *testing.T) {
 	if err != nil || c.Outcome != idem.OutcomeAcquired || string(c.Record.Result) != "r1" || c.Record.State != idem.StateCompleted {
 		t.Fatalf("first DoTx = %+v, %v", c, err)
 	}
-	c2, err := s.DoTx(ctx, claimReq("order-1"), func(context.Context, *sql.Tx) ([]byte, error) {
+	c2, err := s.DoTx(ctx, claimReq("order-1"), func(context.Context, *sql.Tx, idem.Claim) ([]byte, error) {
 		t.Fatal("effect ran for a duplicate")
 		return nil, nil
 	})
@@ -78,14 +78,14 @@ func TestDoTxRollbackLeavesNothing(t *testing.T) {
 		name string
 		fn   mysqlstore.TxFunc
 	}{
-		{"error", func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
-			if _, err := appendLedger("k", "")(ctx, tx); err != nil {
+		{"error", func(ctx context.Context, tx *sql.Tx, _ idem.Claim) ([]byte, error) {
+			if _, err := appendLedger("k", "")(ctx, tx, idem.Claim{}); err != nil {
 				return nil, err
 			}
 			return nil, boom
 		}},
-		{"panic", func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
-			_, _ = appendLedger("k", "")(ctx, tx)
+		{"panic", func(ctx context.Context, tx *sql.Tx, _ idem.Claim) ([]byte, error) {
+			_, _ = appendLedger("k", "")(ctx, tx, idem.Claim{})
 			panic("handler panic")
 		}},
 	} {
@@ -123,10 +123,10 @@ func TestDoTxConcurrentDuplicates(t *testing.T) {
 	errs := make([]error, n)
 	for i := 0; i < n; i++ {
 		wg.Go(func() {
-			c, err := s.DoTx(ctx, claimReq("hot"), func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+			c, err := s.DoTx(ctx, claimReq("hot"), func(ctx context.Context, tx *sql.Tx, _ idem.Claim) ([]byte, error) {
 				ran.Add(1)
 				time.Sleep(20 * time.Millisecond) // hold the row lock a while
-				return appendLedger("hot", "once")(ctx, tx)
+				return appendLedger("hot", "once")(ctx, tx, idem.Claim{})
 			})
 			outcomes[i], errs[i] = c.Outcome, err
 		})
@@ -171,10 +171,10 @@ func TestDoTxVersusStandalone(t *testing.T) {
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.DoTx(ctx, claimReq("tx-key"), func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+		_, err := s.DoTx(ctx, claimReq("tx-key"), func(ctx context.Context, tx *sql.Tx, _ idem.Claim) ([]byte, error) {
 			close(inFn)
 			<-release
-			return appendLedger("tx-key", "from-tx")(ctx, tx)
+			return appendLedger("tx-key", "from-tx")(ctx, tx, idem.Claim{})
 		})
 		done <- err
 	}()
@@ -239,7 +239,7 @@ func TestClaimTxCompleteTx(t *testing.T) {
 		if err != nil || c.Outcome != idem.OutcomeAcquired {
 			t.Fatalf("ClaimTx = %+v, %v", c, err)
 		}
-		if _, err := appendLedger("own", "")(ctx, tx); err != nil {
+		if _, err := appendLedger("own", "")(ctx, tx, idem.Claim{}); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.CompleteTx(ctx, tx, []byte("own"), c.Record.Token, []byte(fmt.Sprint(i))); err != nil {
@@ -257,6 +257,31 @@ func TestClaimTxCompleteTx(t *testing.T) {
 	rec, err := s.Get(ctx, []byte("own"))
 	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "1" || ledgerCount(t, db, "own") != 1 {
 		t.Fatalf("after rollback then commit: %+v %v ledger=%d", rec, err, ledgerCount(t, db, "own"))
+	}
+	// A batch inside the caller's transaction: one acquired key completed,
+	// one released, then rolled back: nothing remains.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.ClaimBatchTx(ctx, tx, []idem.ClaimRequest{claimReq("b1"), claimReq("b2"), claimReq("own"), claimReq("b1")})
+	if err != nil || res[0].Claim.Outcome != idem.OutcomeAcquired || res[1].Claim.Outcome != idem.OutcomeAcquired ||
+		res[2].Claim.Outcome != idem.OutcomeCompleted || res[3].Claim.Outcome != idem.OutcomeInProgress {
+		t.Fatalf("ClaimBatchTx = %+v, %v", res, err)
+	}
+	if err := s.CompleteTx(ctx, tx, []byte("b1"), res[0].Claim.Record.Token, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseTx(ctx, tx, []byte("b2"), res[1].Claim.Record.Token, "later"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"b1", "b2"} {
+		if _, err := s.Get(ctx, []byte(k)); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("%s after rollback: %v", k, err)
+		}
 	}
 	if _, err := s.ClaimTx(ctx, nil, claimReq("x")); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Fatalf("nil tx: %v", err)

@@ -85,7 +85,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		added, err := s.MaintainPartitions(ctx)
+		added, err := s.EnsurePartitions(ctx)
 		if err != nil {
 			return err
 		}
