@@ -180,6 +180,8 @@ func (c *Consumer) runGroup(ctx context.Context, ps []pending) {
 func (p pending) m() *broker.Message { return p.d.m }
 
 func (c *Consumer) completeAll(ctx context.Context, ps []pending) {
+	ctx, cancel := settlingFor(ctx, len(ps))
+	defer cancel()
 	for _, p := range ps {
 		c.completed(ctx, p.d, p.held.Complete(ctx, nil))
 	}

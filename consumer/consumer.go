@@ -320,6 +320,10 @@ func (c *Consumer) handlerFailed(ctx context.Context, d *delivery, held *idem.He
 	switch {
 	case errors.Is(rerr, idem.ErrFailed):
 		c.deadLetter(ctx, d, fmt.Sprintf("handler failed after %d attempt(s): %v", attempts, herr))
+	case errors.Is(rerr, idem.ErrFenced), errors.Is(rerr, idem.ErrNotFound):
+		// The lease was lost while the handler ran (it was cancelled with
+		// ErrLeaseLost): the new holder decides.
+		c.nak(ctx, d, c.cfg.Backoff.Initial, "claim lost")
 	case rerr != nil:
 		// The key stays in progress until its lease ends; come back then.
 		c.stats.storeErrors.Add(1)
@@ -463,20 +467,38 @@ func derivedKey(key []byte, suffix string) []byte {
 	return []byte("sha256:" + hex.EncodeToString(idem.FingerprintOf(k)))
 }
 
+type settlingKey struct{}
+
 // settling keeps acks and naks going through a shutdown: once the effect
-// is done, telling the broker matters more than the caller's deadline.
+// is done, telling the broker matters more than the caller's deadline. A
+// context already made by settling is reused (one timer per batch, not
+// per message).
 func settling(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	return settlingFor(ctx, 1)
+}
+
+// settlingFor is settling for n messages: 10s plus 10ms per message.
+func settlingFor(ctx context.Context, n int) (context.Context, context.CancelFunc) {
+	if ctx.Value(settlingKey{}) != nil {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second+time.Duration(n)*10*time.Millisecond)
+	return context.WithValue(ctx, settlingKey{}, true), cancel
 }
 
 func (c *Consumer) ack(ctx context.Context, d *delivery) {
 	ctx, cancel := settling(ctx)
 	defer cancel()
-	for _, x := range append([]*delivery{d}, d.followers...) {
-		if err := x.m.Acker.Ack(ctx); err != nil {
-			c.stats.settleErrors.Add(1)
-			c.log.Warn("consumer: ack failed; the broker will redeliver and the guard replay", "msg_id", x.m.ID, "err", err)
-		}
+	c.ackOne(ctx, d)
+	for _, x := range d.followers {
+		c.ackOne(ctx, x)
+	}
+}
+
+func (c *Consumer) ackOne(ctx context.Context, x *delivery) {
+	if err := x.m.Acker.Ack(ctx); err != nil {
+		c.stats.settleErrors.Add(1)
+		c.log.Warn("consumer: ack failed; the broker will redeliver and the guard replay", "msg_id", x.m.ID, "err", err)
 	}
 }
 
