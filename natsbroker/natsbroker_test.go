@@ -106,3 +106,56 @@ func TestPublishRejectsMessageWithoutID(t *testing.T) {
 }
 
 var _ jetstream.JetStream = js
+
+// TestInProgressHoldsRedelivery: a handler that outlives AckWait but sends
+// InProgress is not redelivered to another member of the group.
+func TestInProgressHoldsRedelivery(t *testing.T) {
+	stream := newStream(t, nil)
+	p, _ := natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: js})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Publish(ctx, &broker.Message{ID: "slow", Topic: stream}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := natsbroker.SubscriberConfig{JS: js, Stream: stream, Durable: "g", AckWait: 2 * time.Second, PollWait: time.Second}
+	s1, err := natsbroker.NewSubscriber(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s1.Close()
+	s2, err := natsbroker.NewSubscriber(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	msgs, err := s1.Fetch(ctx, 1)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("Fetch: %v, %d messages", err, len(msgs))
+	}
+	// Hold it for 2.5 AckWaits with heartbeats; meanwhile s2 must see
+	// nothing.
+	stop := make(chan struct{})
+	go func() {
+		tk := time.NewTicker(200 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				_ = msgs[0].Acker.InProgress(ctx)
+			}
+		}
+	}()
+	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+	got, _ := s2.Fetch(fctx, 1)
+	fcancel()
+	close(stop)
+	if len(got) != 0 {
+		t.Fatalf("redelivered while in progress (delivery %d)", got[0].Delivery)
+	}
+	if err := msgs[0].Acker.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
