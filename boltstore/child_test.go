@@ -176,6 +176,18 @@ func crashRound(t *testing.T, path string, round int) (done []string, hots []uin
 			t.Fatalf("round %d: child not ready: %s", round, stderr.String())
 		}
 	}
+	if round == 0 {
+		// Another process holds the file: Open says so quickly.
+		start := time.Now()
+		if s, err := Open(Config{Path: path, LockTimeout: 50 * time.Millisecond}); !errors.Is(err, ErrInUse) {
+			if err == nil {
+				s.Close()
+			}
+			t.Fatalf("open while the child holds the file: %v", err)
+		} else {
+			t.Logf("in use after %s: %v", time.Since(start).Round(time.Millisecond), err)
+		}
+	}
 	kill := time.After(time.Duration(5+rand.IntN(200)) * time.Millisecond)
 	collect := func(l string) {
 		switch {
