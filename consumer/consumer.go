@@ -161,8 +161,17 @@ func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error
 	}
 }
 
-func (c *Consumer) prepare(m *broker.Message) *delivery {
-	d := &delivery{m: m}
+func (c *Consumer) prepare(m *broker.Message) (d *delivery) {
+	d = &delivery{m: m}
+	defer func() {
+		// User key, fingerprint and order functions run on the fetch
+		// loop: a panic there must not take the consumer down.
+		if r := recover(); r != nil {
+			c.log.Error("consumer: key or fingerprint function panicked", "msg_id", m.ID, "panic", r)
+			d.key, d.fp = nil, nil
+			d.keyErr = fmt.Errorf("%w: key function panicked: %v", ErrNoKey, r)
+		}
+	}()
 	d.key, d.keyErr = c.cfg.Key(m)
 	if d.keyErr == nil {
 		if err := idem.ValidateKey(d.key); err != nil {
@@ -176,7 +185,13 @@ func (c *Consumer) prepare(m *broker.Message) *delivery {
 }
 
 // workerFor routes a delivery: equal order keys go to the same worker.
-func (c *Consumer) workerFor(m *broker.Message, d *delivery) int {
+func (c *Consumer) workerFor(m *broker.Message, d *delivery) (w int) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("consumer: order key function panicked", "msg_id", m.ID, "panic", r)
+			w = 0
+		}
+	}()
 	k := c.cfg.OrderKey(m, d.key)
 	if len(k) == 0 {
 		return 0
@@ -213,6 +228,12 @@ func (c *Consumer) handleOne(ctx context.Context, d *delivery) {
 		return
 	}
 	val, herr := c.runWithRetries(ctx, d, held)
+	if herr == nil {
+		if err := idem.ValidateResult(val); err != nil {
+			// Retrying cannot shrink the result: fail the key for good.
+			herr = idem.Permanent(fmt.Errorf("consumer: handler result cannot be recorded: %w", err))
+		}
+	}
 	if herr != nil {
 		c.handlerFailed(ctx, d, held, res.Attempts, herr)
 		return

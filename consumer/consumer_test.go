@@ -575,3 +575,38 @@ func TestClosedSubscriberEndsRun(t *testing.T) {
 		t.Fatal("second Run accepted")
 	}
 }
+
+func TestOversizedResultDeadLetters(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config(e.sub("g"))
+	cfg.DeadLetter = e.b.NewPublisher()
+	var runs atomic.Int64
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		runs.Add(1)
+		return make([]byte, idem.MaxResultLen+1), nil
+	}
+	c, _ := consumer.New(cfg)
+	run(t, c)
+	e.publish(msg("big", "x"))
+	waitFor(t, "term", func() bool { return e.log.Terms("big") == 1 })
+	if runs.Load() != 1 || len(e.b.Published("orders.dead-letter")) != 1 {
+		t.Fatalf("runs %d, dead letters %d", runs.Load(), len(e.b.Published("orders.dead-letter")))
+	}
+}
+
+func TestKeyFuncPanicTakesMissingKeyPath(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config(e.sub("g"))
+	cfg.MissingKey = consumer.MissingKeyReject
+	cfg.Key = func(m *broker.Message) ([]byte, error) {
+		if m.ID == "boom" {
+			panic("bad key func")
+		}
+		return []byte(m.ID), nil
+	}
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) { return nil, nil }
+	c, _ := consumer.New(cfg)
+	run(t, c)
+	e.publish(msg("boom", "x"), msg("fine", "x"))
+	waitFor(t, "settled", func() bool { return e.log.Terms("boom") == 1 && e.log.Acks("fine") == 1 })
+}
