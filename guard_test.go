@@ -216,20 +216,21 @@ func TestHooks(t *testing.T) {
 
 func TestHeartbeatKeepsLease(t *testing.T) {
 	fs := faultstore.New(newMem(t))
-	g := newGuard(t, fs, idem.WithLease(60*time.Millisecond))
+	// A lease several times the scheduling hiccups of a loaded CI machine.
+	g := newGuard(t, fs, idem.WithLease(time.Second))
 	started := make(chan struct{})
 	done := make(chan error)
 	go func() {
 		_, err := g.Do(ctx, []byte("slow"), func(context.Context) ([]byte, error) {
 			close(started)
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(2500 * time.Millisecond)
 			return []byte("ok"), nil
 		})
 		done <- err
 	}()
 	<-started
 	for i := 0; i < 5; i++ {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(400 * time.Millisecond)
 		if _, err := g.Do(ctx, []byte("slow"), func(context.Context) ([]byte, error) {
 			return nil, errors.New("a second worker ran while the first held the key")
 		}); !errors.Is(err, idem.ErrInProgress) {
