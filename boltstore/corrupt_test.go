@@ -190,7 +190,7 @@ func TestCorruptOneMetaFallsBack(t *testing.T) {
 func TestCorruptRandomBytes(t *testing.T) {
 	golden, used := goldenFile(t)
 	rng := rand.New(rand.NewPCG(1, 2))
-	iters := 60
+	iters := 40
 	if testing.Short() {
 		iters = 20
 	}

@@ -72,12 +72,13 @@ func TestDiskFull(t *testing.T) {
 // with the file's size once the store is open, to impose the space limit.
 func diskFull(t *testing.T, path string, want syscall.Errno, free func(), limit ...func(size int64)) {
 	ctx := context.Background()
-	s, err := Open(Config{Path: path, SweepInterval: -1})
+	// A small mmap makes bbolt grow the file in small steps instead of
+	// 16 MiB ones, so the limit is met after a few MiB of writes.
+	s, err := Open(Config{Path: path, SweepInterval: -1, InitialMmapSize: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	s.b.bolt.AllocSize = 256 << 10 // grow in small steps, so both grow and write meet the limit
 	if len(limit) > 0 {
 		st, err := os.Stat(path)
 		if err != nil {
