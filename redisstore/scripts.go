@@ -23,6 +23,7 @@ local tm = redis.call('TIME')
 local nowms = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local nowus = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local function S(v) return string.format('%.0f', v) end
+local nowmsS, nowusS = S(nowms), S(nowus)
 local function parse(v)
   local ver, s, t, a, l, x, c, u, d, fl, el, p = string.match(v,
     '^(%d)|(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
@@ -33,7 +34,7 @@ local function parse(v)
 end
 local function pack(s, t, a, l, x, c, u, d, f, e, r)
   return '1|' .. s .. '|' .. t .. '|' .. a .. '|' .. l .. '|' .. x .. '|' .. c .. '|' .. u .. '|' .. d ..
-    '|' .. S(#f) .. '|' .. S(#e) .. '|' .. f .. e .. r
+    '|' .. tostring(#f) .. '|' .. tostring(#e) .. '|' .. f .. e .. r
 end
 local function corrupt(k) return redis.error_reply('idem: corrupt record at ' .. k) end
 `
@@ -54,7 +55,7 @@ var claimScript = redis.NewScript(luaPrelude + `
 local out = {}
 for i = 1, #KEYS / 2 do
   local rk, sk = KEYS[2*i-1], KEYS[2*i]
-  local fp, lease, ttl = ARGV[3*i-2], tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
+  local fp = ARGV[3*i-2]
   local v = redis.call('GET', rk)
   local code, h = 1, nil
   if v then
@@ -71,21 +72,27 @@ for i = 1, #KEYS / 2 do
   elseif code ~= 1 then
     out[i] = {code, v}
   else
-    local c = nowus
-    local old = tonumber(redis.call('SET', sk, S(c), 'GET') or '0')
-    if old >= c then
-      c = old + 1
-      redis.call('SET', sk, S(c))
+    -- Usual case: one SET ... GET. The rare second SET (same µs, or the
+    -- clock behind the counter) follows at once in the same script.
+    local tok = nowusS
+    local old = redis.call('SET', sk, tok, 'GET')
+    if old and tonumber(old) >= nowus then
+      tok = S(tonumber(old) + 1)
+      redis.call('SET', sk, tok)
     end
-    local lu = nowms + lease
-    local ex = math.max(nowms + ttl, lu)
-    local att, cr, f, e = '1', S(nowms), fp, ''
+    local ttlS = ARGV[3*i]
+    local lu = nowms + tonumber(ARGV[3*i-1])
+    local ex = nowms + tonumber(ttlS)
+    local luS = S(lu)
+    local exS = luS
+    if ex > lu then exS = S(ex) end
+    local att, cr, f, e = '1', nowmsS, fp, ''
     if h then
       att, cr, e = S(tonumber(h.a) + 1), h.c, h.e
       if h.f ~= '' then f = h.f end
     end
-    v = pack('p', S(c), att, S(lu), S(ex), cr, S(nowms), S(ttl), f, e, '')
-    redis.call('SET', rk, v, 'PXAT', S(ex))
+    v = pack('p', tok, att, luS, exS, cr, nowmsS, ttlS, f, e, '')
+    redis.call('SET', rk, v, 'PXAT', exS)
     out[i] = {1, v}
   end
 end

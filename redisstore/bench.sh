@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Claim benchmarks of redisstore beside redis-benchmark SET NX, on one
+# dedicated redis-server this script starts (and kills) on a free port, so
+# nothing is left behind and other tests do not share its single thread.
+#
+#   redisstore/bench.sh            # 3 rounds, medians and ratios at the end
+#   ROUNDS=5 redisstore/bench.sh
+#
+# For each caller count C in 1 8 64 and each round, back to back:
+#   redis-benchmark -c C -P 1  SET k x NX PX 60000   vs  Claim      (C goroutines)
+#   redis-benchmark -c C -P 64 SET k x NX PX 60000   vs  ClaimBatch (C goroutines, 64 keys each)
+# Targets: single >= 80% of -P 1, batch >= 50% of -P 64.
+set -euo pipefail
+cd "$(dirname "$0")"
+ROUNDS=${ROUNDS:-3}
+tmp=$(mktemp -d)
+port=""
+for _ in $(seq 50); do
+  p=$((20000 + RANDOM % 20000))
+  if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then port=$p; break; fi
+done
+[ -n "$port" ] || { echo "no free port" >&2; exit 1; }
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+  --logfile "$tmp/redis.log" --dir "$tmp" &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+go test -c -o "$tmp/redisstore.test" . >/dev/null
+
+rb() { # clients pipeline requests -> "rps p50ms p99ms"
+  redis-benchmark -p "$port" -c "$1" -P "$2" -n "$3" -r 100000000 --csv \
+    SET 'idembench:__rand_int__' x NX PX 60000 |
+    awk -F'","' 'NR==2 {print $2, $5, $7}'
+}
+ours() { # sub-benchmark count -> "claims/s p50µs p99µs"
+  IDEM_BENCH_REDIS="127.0.0.1:$port" "$tmp/redisstore.test" -test.run '^$' \
+    -test.bench "^BenchmarkClaim/$1\$" -test.benchtime "${2}x" |
+    awk '/claims\/s/ {for (i=1;i<=NF;i++) {if ($(i+1)=="claims/s") r=$i; if ($(i+1)=="p50-µs") a=$i; if ($(i+1)=="p99-µs") b=$i}; print r, a, b}'
+}
+
+echo "server: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port; $(nproc) CPUs; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-6s %-7s %5s | %12s %8s %8s | %12s %8s %8s | %6s\n' round mode C "SET NX/s" p50ms p99ms "claims/s" p50ms p99ms ratio
+res="$tmp/results"
+for r in $(seq "$ROUNDS"); do
+  for c in 1 8 64; do
+    n1=$((c == 1 ? 20000 : 60000))
+    read -r brps bp50 bp99 < <(rb "$c" 1 "$n1")
+    read -r ors op50 op99 < <(ours "single/callers=$c" "$n1")
+    echo "single $c $brps $ors" >>"$res"
+    printf '%-6s %-7s %5s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" single "$c" \
+      "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
+    n2=$((c == 1 ? 200000 : 400000))
+    read -r brps bp50 bp99 < <(rb "$c" 64 "$n2")
+    read -r ors op50 op99 < <(ours "batch64/callers=$c" "$n2")
+    echo "batch $c $brps $ors" >>"$res"
+    printf '%-6s %-7s %5s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" batch64 "$c" \
+      "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
+  done
+done
+echo
+echo "medians over $ROUNDS rounds (ratio = median of the per-round ratios; target single >= 80%, batch >= 50%)"
+for mode in single batch; do
+  for c in 1 8 64; do
+    awk -v m="$mode" -v c="$c" '$1==m && $2==c {print $3, $4, $4/$3}' "$res" >"$tmp/sel"
+    med() { sort -g -k"$1" "$tmp/sel" | awk -v k="$1" '{v[NR]=$k} END {print v[int((NR+1)/2)]}'; }
+    printf '%-7s C=%-3s SET NX %10.0f/s  claims %10.0f/s  ratio %4.0f%%\n' "$mode" "$c" "$(med 1)" "$(med 2)" "$(echo "100*$(med 3)" | bc -l)"
+  done
+done

@@ -1,0 +1,101 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/redisstore"
+	"github.com/idem-dev/idem/redisstore/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// benchAddr is the server the benchmarks use: $IDEM_BENCH_REDIS (bench.sh
+// starts a dedicated one) or the shared server.
+func benchAddr() string {
+	if a := os.Getenv("IDEM_BENCH_REDIS"); a != "" {
+		return a
+	}
+	return redistest.SharedAddr
+}
+
+// BenchmarkClaim measures claims of new keys (the common path: a first
+// delivery) with 1, 8 and 64 concurrent callers, one key per Claim or 64
+// keys per ClaimBatch. It reports claims/s and the p50/p99 latency of one
+// call. bench.sh runs it beside redis-benchmark SET NX.
+func BenchmarkClaim(b *testing.B) {
+	for _, mode := range []struct {
+		name  string
+		batch int
+	}{{"single", 1}, {"batch64", 64}} {
+		for _, callers := range []int{1, 8, 64} {
+			b.Run(fmt.Sprintf("%s/callers=%d", mode.name, callers), func(b *testing.B) {
+				benchClaims(b, callers, mode.batch)
+			})
+		}
+	}
+}
+
+func benchClaims(b *testing.B, callers, batch int) {
+	client := redis.NewClient(&redis.Options{Addr: benchAddr(), PoolSize: callers + 4, MaxRetries: -1})
+	defer client.Close()
+	prefix := uniquePrefix()
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, SkipChecks: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		s.Close()
+		dropPrefix(b, client, prefix)
+	}()
+	ctx := context.Background()
+	var next atomic.Int64
+	lat := make([][]time.Duration, callers)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for g := range callers {
+		wg.Go(func() {
+			reqs := make([]idem.ClaimRequest, batch)
+			for {
+				n := next.Add(int64(batch)) - int64(batch)
+				if n >= int64(b.N) {
+					return
+				}
+				for i := range reqs {
+					reqs[i] = idem.ClaimRequest{Key: []byte("k" + strconv.FormatInt(n+int64(i), 10)), Lease: time.Minute, TTL: time.Minute}
+				}
+				t0 := time.Now()
+				if batch == 1 {
+					_, err = s.Claim(ctx, reqs[0])
+				} else {
+					_, err = s.ClaimBatch(ctx, reqs)
+				}
+				lat[g] = append(lat[g], time.Since(t0))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	b.StopTimer()
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	if len(all) == 0 {
+		return
+	}
+	claims := len(all) * batch
+	b.ReportMetric(float64(claims)/el.Seconds(), "claims/s")
+	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
+}
