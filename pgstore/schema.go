@@ -93,8 +93,11 @@ func migrateV1(ctx context.Context, tx pgx.Tx, c Config) error {
 			fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n\t%s,\n\tCONSTRAINT %s PRIMARY KEY (%s)\n)%s",
 				ident(c.Schema, t), recordColumnsDDL(timed, false), ident(t+"_pkey"), c.pkCols(), part),
 			// Purge walks this index; expires_at grows with time, so it is
-			// appended at its right edge.
-			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (ns, expires_at)", ident(t+"_expires_idx"), ident(c.Schema, t)))
+			// appended at its right edge. expires_at leads so that no
+			// lookup by (ns, key) is ever tempted to use it (with stale
+			// statistics on ns, PostgreSQL picked (ns, expires_at) for key
+			// probes and scanned a whole namespace).
+			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (expires_at, ns)", ident(t+"_expires_idx"), ident(c.Schema, t)))
 	}
 	stmts = append(stmts,
 		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n\t%s,\n\tarchived_at timestamptz NOT NULL DEFAULT statement_timestamp()\n)",

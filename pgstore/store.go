@@ -487,12 +487,15 @@ SELECT ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHE
 	reqCols := "key_hash, key, fp, lease_us, ttl_us"
 	unnest := "unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[], $6::bigint[])"
 	selK := "$1, q.key_hash"
-	joinK := "r.ns = $1 AND (r.key_hash) IN (SELECT key_hash FROM req EXCEPT ALL SELECT key_hash FROM ins)"
+	// LATERAL ... LIMIT 1 pins the plan (LIMIT stops the planner from
+	// flattening it into a join): one index probe per key missing from ins.
+	// (A plain IN/semi-join let the planner scan the whole namespace.)
+	joinK := "(SELECT key_hash FROM req EXCEPT SELECT key_hash FROM ins) AS m CROSS JOIN LATERAL (SELECT * FROM " + T + " t WHERE t.ns = $1 AND t.key_hash = m.key_hash LIMIT 1) AS r"
 	if timed {
 		reqCols += ", key_time"
 		unnest = "unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[], $6::bigint[], $7::timestamptz[])"
 		selK = "$1, q.key_time, q.key_hash"
-		joinK = "r.ns = $1 AND (r.key_time, r.key_hash) IN (SELECT key_time, key_hash FROM req EXCEPT ALL SELECT key_time, key_hash FROM ins)"
+		joinK = "(SELECT key_time, key_hash FROM req EXCEPT SELECT key_time, key_hash FROM ins) AS m CROSS JOIN LATERAL (SELECT * FROM " + T + " t WHERE t.ns = $1 AND t.key_time = m.key_time AND t.key_hash = m.key_hash LIMIT 1) AS r"
 	}
 	insRet := ret + ", r.key_hash"
 	if timed {
@@ -511,7 +514,7 @@ WHERE ` + takeover + `
 ` + insRet + `)
 SELECT key_hash, ` + rowCols + `, ` + now + `, true FROM ins
 UNION ALL
-SELECT r.key_hash, ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHERE ` + joinK
+SELECT r.key_hash, ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + joinK
 
 	s.get = `SELECT ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHERE ` + kcond("r") + ` AND r.expires_at > ` + now
 	s.del = `UPDATE ` + T + ` r SET expires_at = 'epoch', updated_at = ` + now + ` WHERE ` + kcond("r") + ` AND r.key = ` + p(1) + ` AND r.expires_at > ` + now
