@@ -610,3 +610,43 @@ func TestKeyFuncPanicTakesMissingKeyPath(t *testing.T) {
 	e.publish(msg("boom", "x"), msg("fine", "x"))
 	waitFor(t, "settled", func() bool { return e.log.Terms("boom") == 1 && e.log.Acks("fine") == 1 })
 }
+
+// TestLeaseLostNotAcked (F3): the handler outlives its lease (heartbeat
+// off), a duplicate on another consumer takes the key over and completes;
+// the first worker's completion is fenced, so its delivery is nak'ed, not
+// acked.
+func TestLeaseLostNotAcked(t *testing.T) {
+	e := newEnv(t)
+	g, err := idem.NewGuard(e.store, idem.WithLease(50*time.Millisecond), idem.WithHeartbeat(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	first := make(chan struct{})
+	var runs atomic.Int64
+	handler := func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		if runs.Add(1) == 1 {
+			close(first)
+			time.Sleep(time.Second) // well past the lease
+		}
+		return nil, nil
+	}
+	for _, topic := range []string{"a", "b"} {
+		e.topic = topic
+		cfg := e.config(e.sub("g"))
+		cfg.Guard = g
+		cfg.InProgressInterval = -1
+		cfg.Handler = handler
+		c, _ := consumer.New(cfg)
+		run(t, c)
+	}
+	e.publish(&broker.Message{ID: "k", Topic: "a", Payload: []byte("x")})
+	<-first
+	time.Sleep(100 * time.Millisecond) // the lease has expired
+	e.publish(&broker.Message{ID: "k", Topic: "b", Payload: []byte("x")})
+	waitFor(t, "one ack and one nak", func() bool { return e.log.Acks("k") >= 1 && len(e.log.Naks("k")) >= 1 })
+	rec, err := e.store.Get(context.Background(), []byte("k"))
+	if err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+}
