@@ -136,13 +136,22 @@ func TestInvalidInputBeforeSQL(t *testing.T) {
 		err  error
 		want error
 	}{
-		{"EmptyKey", func() error { _, err := single.Claim(ctx, idem.ClaimRequest{Lease: time.Second, TTL: time.Second}); return err }(), idem.ErrInvalidKey},
-		{"LongKey", func() error { _, err := single.Claim(ctx, idem.ClaimRequest{Key: long, Lease: time.Second, TTL: time.Second}); return err }(), idem.ErrInvalidKey},
+		{"EmptyKey", func() error {
+			_, err := single.Claim(ctx, idem.ClaimRequest{Lease: time.Second, TTL: time.Second})
+			return err
+		}(), idem.ErrInvalidKey},
+		{"LongKey", func() error {
+			_, err := single.Claim(ctx, idem.ClaimRequest{Key: long, Lease: time.Second, TTL: time.Second})
+			return err
+		}(), idem.ErrInvalidKey},
 		{"LongFingerprint", func() error {
 			_, err := single.Claim(ctx, idem.ClaimRequest{Key: []byte("k"), Fingerprint: make([]byte, idem.MaxFingerprintLen+1), Lease: time.Second, TTL: time.Second})
 			return err
 		}(), idem.ErrInvalidArgument},
-		{"ZeroLease", func() error { _, err := single.Claim(ctx, idem.ClaimRequest{Key: []byte("k"), TTL: time.Second}); return err }(), idem.ErrInvalidArgument},
+		{"ZeroLease", func() error {
+			_, err := single.Claim(ctx, idem.ClaimRequest{Key: []byte("k"), TTL: time.Second})
+			return err
+		}(), idem.ErrInvalidArgument},
 		{"KeyWithoutTime", func() error { _, err := timed.Claim(ctx, claimReq("not-a-uuid")); return err }(), idem.ErrInvalidKey},
 		{"KeyWithoutTimeGet", func() error { _, err := timed.Get(ctx, []byte("not-a-uuid")); return err }(), idem.ErrInvalidKey},
 		{"TokenZero", single.Complete(ctx, []byte("k"), 0, nil), idem.ErrInvalidArgument},
