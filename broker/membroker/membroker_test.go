@@ -1,0 +1,92 @@
+package membroker_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/broker/membroker"
+)
+
+func fetch(t *testing.T, s broker.Subscriber, d time.Duration) []*broker.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	msgs, err := s.Fetch(ctx, 10)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+func TestAckWaitRedeliveryAndMaxDeliver(t *testing.T) {
+	b, err := membroker.New(membroker.Config{AckWait: 20 * time.Millisecond, MaxDeliver: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.NewPublisher()
+	if err := p.Publish(context.Background(), &broker.Message{ID: "a", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	s := b.NewSubscriber("t", "g")
+	defer s.Close()
+	if got := fetch(t, s, time.Second); len(got) != 1 || got[0].Delivery != 1 {
+		t.Fatalf("first delivery: %v", got)
+	}
+	// Not settled: back after AckWait, with Delivery 2.
+	if got := fetch(t, s, time.Second); len(got) != 1 || got[0].Delivery != 2 {
+		t.Fatalf("redelivery: %v", got)
+	}
+	// MaxDeliver reached: never again.
+	if got := fetch(t, s, 100*time.Millisecond); len(got) != 0 {
+		t.Fatalf("delivered past MaxDeliver: %v", got)
+	}
+	if w := s.RedeliveryWindow(); w != 40*time.Millisecond {
+		t.Fatalf("RedeliveryWindow = %s", w)
+	}
+}
+
+func TestInProgressExtendsAckWait(t *testing.T) {
+	b, _ := membroker.New(membroker.Config{AckWait: 300 * time.Millisecond})
+	_ = b.NewPublisher().Publish(context.Background(), &broker.Message{ID: "a", Topic: "t"})
+	s1 := b.NewSubscriber("t", "g")
+	defer s1.Close()
+	s2 := b.NewSubscriber("t", "g")
+	defer s2.Close()
+	got := fetch(t, s1, time.Second)
+	if len(got) != 1 {
+		t.Fatal("no delivery")
+	}
+	stop := time.After(600 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case <-stop:
+			done = true
+		case <-time.After(10 * time.Millisecond):
+			_ = got[0].Acker.InProgress(context.Background())
+		}
+	}
+	if again := fetch(t, s2, 10*time.Millisecond); len(again) != 0 {
+		t.Fatal("redelivered while in progress")
+	}
+	_ = got[0].Acker.Ack(context.Background())
+}
+
+func TestPublishedAndValidation(t *testing.T) {
+	if _, err := membroker.New(membroker.Config{AckWait: -1}); err == nil {
+		t.Fatal("negative AckWait accepted")
+	}
+	b, _ := membroker.New(membroker.Config{})
+	p := b.NewPublisher()
+	if err := p.Publish(context.Background(), &broker.Message{Topic: "t"}); err == nil {
+		t.Fatal("message without an ID accepted")
+	}
+	m := &broker.Message{ID: "x", Topic: "t", Payload: []byte("p")}
+	_ = p.Publish(context.Background(), m)
+	m.Payload[0] = 'q' // the broker keeps its own copy
+	if got := b.Published("t"); len(got) != 1 || string(got[0].Payload) != "p" {
+		t.Fatalf("Published = %v", got)
+	}
+}
