@@ -138,7 +138,11 @@ func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error
 			return nil
 		}
 		msgs, err := c.cfg.Subscriber.Fetch(ctx, n)
-		c.win.release(n - len(msgs))
+		if len(msgs) > n {
+			c.win.take(len(msgs) - n) // an adapter that overshot max
+		} else {
+			c.win.release(n - len(msgs))
+		}
 		for _, m := range msgs {
 			d := c.prepare(m)
 			queues[c.workerFor(m, d)] <- d

@@ -50,3 +50,10 @@ func (w *window) release(n int) {
 	w.changed = make(chan struct{})
 	w.mu.Unlock()
 }
+
+// take counts n more slots as used without waiting.
+func (w *window) take(n int) {
+	w.mu.Lock()
+	w.used += n
+	w.mu.Unlock()
+}
