@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/memstore"
@@ -40,6 +41,7 @@ func (m mutant) Claim(ctx context.Context, r idem.ClaimRequest) (idem.Claim, err
 		// Reads, then claims: two callers that both read "absent" both
 		// believe they own the key.
 		_, gerr := m.Store.Get(ctx, r.Key)
+		time.Sleep(5 * time.Millisecond) // the window between the check and the set, wide enough to hit under load
 		c, err := m.Store.Claim(ctx, r)
 		if errors.Is(gerr, idem.ErrNotFound) && err == nil && c.Outcome == idem.OutcomeInProgress {
 			c.Outcome = idem.OutcomeAcquired

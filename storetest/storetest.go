@@ -811,9 +811,16 @@ func (s *suite) testPurge(t *testing.T) {
 	ctx := ctxT(t)
 	u := s.feat.LeaseUnit
 	const short, long = 20, 5
+	// Half the short-lived records expire in progress (nothing to settle in
+	// time); the other half are completed well within their TTL, so a loaded
+	// machine cannot make the Complete itself arrive too late.
 	for i := 0; i < short; i++ {
 		k := fmt.Sprintf("short-%d", i)
-		c := mustClaim(t, st, req(k, u, u), idem.OutcomeAcquired)
+		if i%2 == 0 {
+			mustClaim(t, st, req(k, u, u), idem.OutcomeAcquired)
+			continue
+		}
+		c := mustClaim(t, st, req(k, u, 4*u), idem.OutcomeAcquired)
 		mustOK(t, "Complete", st.Complete(ctx, []byte(k), c.Record.Token, nil))
 	}
 	for i := 0; i < long; i++ {
@@ -821,7 +828,7 @@ func (s *suite) testPurge(t *testing.T) {
 		c := mustClaim(t, st, req(k, longLease, longTTL), idem.OutcomeAcquired)
 		mustOK(t, "Complete", st.Complete(ctx, []byte(k), c.Record.Token, nil))
 	}
-	time.Sleep(3 * u)
+	time.Sleep(6 * u)
 	n1, err := p.Purge(ctx, 3)
 	mustOK(t, "Purge(3)", err)
 	if n1 < 0 || n1 > 3 {
