@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -188,5 +189,50 @@ func TestEvictionWarning(t *testing.T) {
 				t.Fatalf("warning logged = %v, want %v; log: %s", got, tc.warn, buf.String())
 			}
 		})
+	}
+}
+
+// TestClusterNodeDown kills one master of a 3-master cluster: a batch that
+// spans every node must fail as a whole (ErrUnknownOutcome when the other
+// nodes applied their part, ErrUnavailable when none did), never report
+// success; after the node restarts the store works again.
+func TestClusterNodeDown(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1,
+		DialTimeout: 300 * time.Millisecond, ReadTimeout: time.Second, DialerRetries: 1, DialerRetryTimeout: 10 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	s := mustNew(t, redisstore.Config{Client: c})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	batch := func(tag string) []idem.ClaimRequest {
+		var reqs []idem.ClaimRequest
+		for i := range 64 { // 64 keys land on every master with near certainty
+			reqs = append(reqs, claimReq(tag+strconv.Itoa(i)))
+		}
+		return reqs
+	}
+	if _, err := s.ClaimBatch(ctx, batch("before-")); err != nil {
+		t.Fatalf("ClaimBatch with all nodes up: %v", err)
+	}
+	cl.Nodes[1].Stop()
+	for i := range 3 {
+		res, err := s.ClaimBatch(ctx, batch("down-"+strconv.Itoa(i)+"-"))
+		if err == nil {
+			t.Fatalf("ClaimBatch with a master down succeeded: %d results", len(res))
+		}
+		if !errors.Is(err, idem.ErrUnknownOutcome) && !errors.Is(err, idem.ErrUnavailable) {
+			t.Fatalf("ClaimBatch with a master down: %v", err)
+		}
+	}
+	cl.Nodes[1].Start()
+	for i := 0; ; i++ {
+		_, err := s.ClaimBatch(ctx, batch("after-"+strconv.Itoa(i)+"-"))
+		if err == nil {
+			break
+		}
+		if i > 200 {
+			t.Fatalf("cluster store did not recover: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"testing"
 	"time"
 
@@ -92,4 +93,33 @@ func TestConformanceCluster(t *testing.T) {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	storetest.Run(t, factory(c), features)
+}
+
+// TestNamespaceMethod checks that Store.Namespace gives an isolated store
+// on the same client, and that closing it leaves the client usable.
+func TestNamespaceMethod(t *testing.T) {
+	c := sharedClient(t)
+	prefix := uniquePrefix()
+	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	a := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, Namespace: "a"})
+	b, err := a.Namespace("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Namespace("no:colons"); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("Namespace with a colon: %v", err)
+	}
+	ctx := context.Background()
+	ca, err := a.Claim(ctx, claimReq("same"))
+	if err != nil || ca.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("a: %v %v", ca.Outcome, err)
+	}
+	cb, err := b.Claim(ctx, claimReq("same"))
+	if err != nil || cb.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("b: %v %v", cb.Outcome, err)
+	}
+	b.Close()
+	if err := a.Complete(ctx, []byte("same"), ca.Record.Token, nil); err != nil {
+		t.Fatalf("a after closing b: %v", err)
+	}
 }

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -34,6 +35,7 @@ func (s *Store) run(ctx context.Context, calls []*call, op string) error {
 		return nil
 	}
 	pending := calls
+	applied := 0
 	for attempt := 0; len(pending) > 0; attempt++ {
 		pipe := s.client.Pipeline()
 		for _, c := range pending {
@@ -49,16 +51,29 @@ func (s *Store) run(ctx context.Context, calls []*call, op string) error {
 		}
 		_, _ = pipe.Exec(ctx)
 		var retry []*call
+		var first error
 		for _, c := range pending {
 			err := c.cmd.Err()
 			if err == nil {
+				applied++
 				continue
 			}
 			if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
 				retry = append(retry, c)
 				continue
 			}
-			return mapErr(ctx, err, op, true)
+			if first == nil {
+				first = err
+			}
+		}
+		if first != nil {
+			err := mapErr(ctx, first, op, true)
+			if applied > 0 && !errors.Is(err, idem.ErrUnknownOutcome) {
+				// Some scripts ran (another node, an earlier chunk): the
+				// batch as a whole was partly applied.
+				err = fmt.Errorf("%w: %d of %d scripts applied: %w", idem.ErrUnknownOutcome, applied, len(calls), err)
+			}
+			return err
 		}
 		if wait != nil && len(retry) < len(pending) {
 			n, err := wait.Int64()
