@@ -226,8 +226,9 @@ func (a *chaosAcker) Nak(ctx context.Context, d time.Duration) error {
 
 // TestEndToEndExactlyOnce: publish N messages (10,000; 100,000 with -long)
 // plus 20% duplicate publishes that bypass the broker's dedup, force
-// redeliveries (lost acks) and crash the first consumer a quarter of the
-// way in; consume with the guard on the memory store, each effect a row
+// redeliveries (lost acks), crash the first consumer a quarter of the way
+// in and take the store down (claims refused) as the second one takes
+// over; consume with the guard on the memory store, each effect a row
 // appended to a PostgreSQL ledger with no unique constraint. Every message
 // must be in the ledger exactly once.
 func TestEndToEndExactlyOnce(t *testing.T) {
@@ -240,11 +241,12 @@ func testEndToEnd(t *testing.T, mode string) {
 	n := e2eMessages(t)
 	stream := newStream(t, nil)
 	pool, table := newLedger(t)
-	store, err := memstore.New(memstore.Config{})
+	mem, err := memstore.New(memstore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	defer mem.Close()
+	store := &outageStore{Store: mem}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	guard, err := idem.NewGuard(store, idem.WithLease(10*time.Second), idem.WithLogger(quiet))
 	if err != nil {
@@ -327,10 +329,21 @@ func testEndToEnd(t *testing.T, mode string) {
 	cancel1()
 	sub1.Close()
 
+	store.down.Store(true)
 	c2, _, sub2 := newConsumer(0)
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	done2 := make(chan error, 1)
 	go func() { done2 <- c2.Run(ctx2) }()
+	// The store goes down as consumer 2 takes over (claims fail: F10),
+	// for at least a second and until some claim was refused (consumer
+	// 1's unacked messages come back after AckWait); the consumer must
+	// fail closed (nak with delay, no effect, no ack) and recover.
+	outageEnd := time.Now().Add(15 * time.Second)
+	time.Sleep(time.Second)
+	for store.failed.Load() == 0 && time.Now().Before(outageEnd) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	store.down.Store(false)
 	waitRows("every message", func(_, d int) bool { return d == n })
 	elapsed := time.Since(consumeStart)
 	// Let the stream drain: nothing pending or unacked.
@@ -374,9 +387,35 @@ func testEndToEnd(t *testing.T, mode string) {
 		t.Fatalf("%d published ids missing from the ledger", missing)
 	}
 	s1, s2 := c1.Stats(), c2.Stats()
-	if forced.Load() == 0 || s1.Duplicates+s2.Duplicates == 0 {
+	if forced.Load() == 0 || s1.Duplicates+s2.Duplicates == 0 || store.failed.Load() == 0 {
 		t.Fatalf("no fault exercised: forced %d, stats %+v %+v", forced.Load(), s1, s2)
 	}
-	t.Logf("%s: %d messages exactly once in %s; forced redeliveries %d; consumer 1 %+v; consumer 2 %+v",
-		mode, n, elapsed.Round(time.Millisecond), forced.Load(), s1, s2)
+	t.Logf("%s: %d messages exactly once in %s; forced redeliveries %d; claims refused during the outage %d; consumer 1 %+v; consumer 2 %+v",
+		mode, n, elapsed.Round(time.Millisecond), forced.Load(), store.failed.Load(), s1, s2)
+}
+
+// outageStore refuses claims with idem.ErrUnavailable while down is set.
+// Only claims: an outage between effect and completion is the dual-write
+// case (ErrUnrecorded), which a ledger outside the store cannot survive
+// and the guard documents.
+type outageStore struct {
+	idem.Store
+	down   atomic.Bool
+	failed atomic.Int64
+}
+
+func (s *outageStore) Claim(ctx context.Context, r idem.ClaimRequest) (idem.Claim, error) {
+	if s.down.Load() {
+		s.failed.Add(1)
+		return idem.Claim{}, fmt.Errorf("%w: injected outage", idem.ErrUnavailable)
+	}
+	return s.Store.Claim(ctx, r)
+}
+
+func (s *outageStore) ClaimBatch(ctx context.Context, rs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	if s.down.Load() {
+		s.failed.Add(1)
+		return nil, fmt.Errorf("%w: injected outage", idem.ErrUnavailable)
+	}
+	return s.Store.(idem.BatchClaimer).ClaimBatch(ctx, rs)
 }
