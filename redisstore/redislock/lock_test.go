@@ -97,6 +97,22 @@ func clusterOnce(t *testing.T) *redis.ClusterClient {
 	return c
 }
 
+// acquireEventually polls TryAcquire until the current hold lapses (no
+// timing assumption beyond a generous bound).
+func acquireEventually(t *testing.T, l *redislock.Locker, name string, opts ...redislock.Option) *redislock.Lock {
+	t.Helper()
+	for i := 0; ; i++ {
+		lk, err := l.TryAcquire(context.Background(), name, opts...)
+		if err == nil {
+			return lk
+		}
+		if !errors.Is(err, redislock.ErrNotAcquired) || i > 200 {
+			t.Fatalf("TryAcquire(%q) after the hold should lapse: %v", name, err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
 func TestMutualExclusion(t *testing.T) {
 	backends(t, func(t *testing.T, e env) {
 		l := e.locker(t, redislock.Config{TTL: 5 * time.Second, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond})
@@ -139,18 +155,17 @@ func TestExpiryAndOwnerOnlyRelease(t *testing.T) {
 	backends(t, func(t *testing.T, e env) {
 		l := e.locker(t, redislock.Config{})
 		ctx := ctxT(t)
-		a, err := l.TryAcquire(ctx, "job", redislock.WithTTL(100*time.Millisecond))
+		a, err := l.TryAcquire(ctx, "job", redislock.WithTTL(time.Minute))
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
 		if _, err := l.TryAcquire(ctx, "job"); !errors.Is(err, redislock.ErrNotAcquired) {
 			t.Fatalf("second TryAcquire while held: %v", err)
 		}
-		time.Sleep(300 * time.Millisecond)
-		b, err := l.TryAcquire(ctx, "job", redislock.WithTTL(time.Minute))
-		if err != nil {
-			t.Fatalf("TryAcquire after expiry: %v", err)
+		if err := a.Extend(ctx, 50*time.Millisecond); err != nil { // now let it lapse
+			t.Fatalf("Extend: %v", err)
 		}
+		b := acquireEventually(t, l, "job", redislock.WithTTL(time.Minute))
 		if b.Fence <= a.Fence {
 			t.Fatalf("fence after expiry %d <= %d", b.Fence, a.Fence)
 		}
@@ -178,15 +193,11 @@ func TestExpiryAndOwnerOnlyRelease(t *testing.T) {
 
 		// Same owner string (say, a host name), earlier acquisition: the
 		// fence tells the holds apart.
-		x1, err := l.TryAcquire(ctx, "job2", redislock.WithOwner("host-1"), redislock.WithTTL(100*time.Millisecond))
+		x1, err := l.TryAcquire(ctx, "job2", redislock.WithOwner("host-1"), redislock.WithTTL(50*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
-		x2, err := l.TryAcquire(ctx, "job2", redislock.WithOwner("host-1"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		x2 := acquireEventually(t, l, "job2", redislock.WithOwner("host-1"))
 		if err := x1.Release(ctx); !errors.Is(err, redislock.ErrNotHeld) {
 			t.Fatalf("Release by the same owner's expired hold: %v", err)
 		}
@@ -242,7 +253,9 @@ func TestReentrancy(t *testing.T) {
 
 func TestWatchdog(t *testing.T) {
 	e := shared(t)
-	l := e.locker(t, redislock.Config{TTL: 150 * time.Millisecond})
+	// TTL 1s, renewed every 333ms: a renewal would have to stall for 600ms
+	// for the lock to lapse, which a busy machine still allows rarely.
+	l := e.locker(t, redislock.Config{TTL: time.Second})
 	ctx := ctxT(t)
 	lk, err := l.TryAcquire(ctx, "wd")
 	if err != nil {
@@ -250,16 +263,22 @@ func TestWatchdog(t *testing.T) {
 	}
 	wctx, stop := context.WithCancel(ctx)
 	lk.StartWatchdog(wctx)
-	time.Sleep(600 * time.Millisecond) // four TTLs: only renewals keep it
+	time.Sleep(2500 * time.Millisecond) // 2.5 TTLs: only renewals keep it
 	if _, err := l.TryAcquire(ctx, "wd"); !errors.Is(err, redislock.ErrNotAcquired) {
 		t.Fatalf("lock not renewed by the watchdog: %v", err)
 	}
 	stop() // the watchdog ends with its context; the lock then expires
 	lk.StopWatchdog()
-	time.Sleep(400 * time.Millisecond)
-	other, err := l.TryAcquire(ctx, "wd")
-	if err != nil {
-		t.Fatalf("lock did not expire after the watchdog stopped: %v", err)
+	var other *redislock.Lock
+	for i := 0; ; i++ {
+		other, err = l.TryAcquire(ctx, "wd")
+		if err == nil {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("lock did not expire after the watchdog stopped: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	select {
 	case <-lk.Lost():
