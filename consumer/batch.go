@@ -92,7 +92,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) {
 	}
 	acqs, err := c.cfg.Guard.AcquireBatch(ctx, items)
 	if err != nil {
-		c.stats.storeErrors.Add(1)
+		c.storeDown()
 		c.log.Warn("consumer: batch claim failed; failing closed", "messages", len(batch), "err", err, "retry_in", c.cfg.StoreDownDelay)
 		for _, d := range claims {
 			c.nak(ctx, d, c.cfg.StoreDownDelay, "store unavailable")

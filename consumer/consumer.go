@@ -50,6 +50,16 @@ type Consumer struct {
 	win   *window
 	stats counters
 	ran   atomic.Bool
+	// pausedUntil (unix nanos): the store failed; fetching waits until
+	// then instead of naking the whole backlog, since each nak costs a
+	// delivery against the broker's MaxDeliver.
+	pausedUntil atomic.Int64
+}
+
+// storeDown records a store failure: fetching pauses for StoreDownDelay.
+func (c *Consumer) storeDown() {
+	c.stats.storeErrors.Add(1)
+	c.pausedUntil.Store(time.Now().Add(c.cfg.StoreDownDelay).UnixNano())
 }
 
 // delivery is one fetched message on its way through a worker.
@@ -136,6 +146,13 @@ func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error
 		n, err := c.win.acquire(ctx, low, c.cfg.FetchBatch)
 		if err != nil {
 			return nil
+		}
+		if d := time.Until(time.Unix(0, c.pausedUntil.Load())); d > 0 {
+			c.log.Debug("consumer: store down; fetching paused", "for", d)
+			if !sleep(ctx, d) {
+				c.win.release(n)
+				return nil
+			}
 		}
 		msgs, err := c.cfg.Subscriber.Fetch(ctx, n)
 		if len(msgs) > n {
@@ -351,7 +368,7 @@ func (c *Consumer) handlerFailed(ctx context.Context, d *delivery, held *idem.He
 		c.nak(ctx, d, c.cfg.Backoff.Initial, "claim lost")
 	case rerr != nil:
 		// The key stays in progress until its lease ends; come back then.
-		c.stats.storeErrors.Add(1)
+		c.storeDown()
 		c.log.Warn("consumer: release after handler failure failed", "msg_id", d.m.ID, "err", rerr, "handler_err", herr)
 		c.nak(ctx, d, c.cfg.StoreDownDelay, "release failed")
 	default:
@@ -384,7 +401,7 @@ func (c *Consumer) completed(ctx context.Context, d *delivery, err error) {
 			"msg_id", d.m.ID, "key", string(d.key), "err", err)
 		c.nak(ctx, d, c.cfg.Backoff.Initial, "claim lost")
 	default:
-		c.stats.storeErrors.Add(1)
+		c.storeDown()
 		c.log.Warn("consumer: complete failed", "msg_id", d.m.ID, "err", err)
 		c.nak(ctx, d, c.cfg.StoreDownDelay, "complete failed")
 	}
@@ -408,7 +425,7 @@ func (c *Consumer) claimFailed(ctx context.Context, d *delivery, err error) {
 		c.missingKey(ctx, d)
 	default:
 		// Fail closed: nothing ran, nothing is acked.
-		c.stats.storeErrors.Add(1)
+		c.storeDown()
 		c.log.Warn("consumer: claim failed; failing closed", "msg_id", d.m.ID, "err", err, "retry_in", c.cfg.StoreDownDelay)
 		c.nak(ctx, d, c.cfg.StoreDownDelay, "store unavailable")
 	}
@@ -467,7 +484,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
 	case errors.As(err, &inProg):
 		c.nak(ctx, d, inProg.RetryAfter(time.Now()), "dead-letter in progress elsewhere")
 	default:
-		c.stats.storeErrors.Add(1)
+		c.storeDown()
 		c.log.Error("consumer: dead-letter publish failed; will retry", "msg_id", m.ID, "err", err)
 		c.nak(ctx, d, c.cfg.StoreDownDelay, "dead-letter failed")
 	}

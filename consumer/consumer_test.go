@@ -650,3 +650,37 @@ func TestLeaseLostNotAcked(t *testing.T) {
 		t.Fatalf("record %+v, %v", rec, err)
 	}
 }
+
+// TestStoreDownPausesFetching: while the store is down the consumer naks
+// what it holds and stops fetching for StoreDownDelay, instead of cycling
+// the whole backlog through naks (each costs a delivery against the
+// broker's MaxDeliver).
+func TestStoreDownPausesFetching(t *testing.T) {
+	e := newEnv(t)
+	fs := &flakyStore{Store: e.store}
+	fs.down.Store(true)
+	g, err := idem.NewGuard(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	cfg := e.config(e.sub("g"))
+	cfg.Guard = g
+	cfg.StoreDownDelay = time.Hour
+	cfg.MaxInFlight = 4
+	cfg.FetchBatch = 4
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) { return nil, nil }
+	var msgs []*broker.Message
+	for i := range 100 {
+		msgs = append(msgs, msg(fmt.Sprint(i), "x"))
+	}
+	e.publish(msgs...)
+	c, _ := consumer.New(cfg)
+	stop := run(t, c)
+	waitFor(t, "the first naks", func() bool { return c.Stats().Naked == 4 })
+	time.Sleep(50 * time.Millisecond)
+	stop()
+	if got := e.log.fetched.Load(); got != 4 {
+		t.Fatalf("fetched %d messages while the store was down, want the first 4 only", got)
+	}
+}
