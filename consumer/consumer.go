@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"maps"
+	"math"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -73,13 +74,18 @@ type delivery struct {
 
 // New checks cfg and returns a Consumer. It warns (through the guard's
 // logger) when the guard's record TTL is shorter than the subscriber's
-// redelivery window (invariant 6).
+// redelivery window plus MaxAttempts naks of Backoff.Max (invariant 6).
 func New(cfg Config) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	if w := cfg.Subscriber.RedeliveryWindow(); w > 0 {
+		// Our own nak delays stretch the broker's window.
+		naks := time.Duration(cfg.MaxAttempts) * cfg.Backoff.Max
+		if w <= math.MaxInt64-naks {
+			w += naks
+		}
 		_ = cfg.Guard.CheckRedeliveryWindow(w)
 	}
 	return &Consumer{

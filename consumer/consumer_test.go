@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -683,4 +685,47 @@ func TestStoreDownPausesFetching(t *testing.T) {
 	if got := e.log.fetched.Load(); got != 4 {
 		t.Fatalf("fetched %d messages while the store was down, want the first 4 only", got)
 	}
+}
+
+func TestWarnsWhenTTLShorterThanRedeliveryWindow(t *testing.T) {
+	e := newEnv(t)
+	var buf syncBuffer
+	g, err := idem.NewGuard(e.store, idem.WithTTL(time.Minute), idem.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	cfg := e.config(windowSub{Subscriber: e.sub("g"), w: time.Hour})
+	cfg.Guard = g
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) { return nil, nil }
+	if _, err := consumer.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "redelivery") {
+		t.Fatalf("no warning logged: %q", buf.String())
+	}
+}
+
+type windowSub struct {
+	broker.Subscriber
+	w time.Duration
+}
+
+func (s windowSub) RedeliveryWindow() time.Duration { return s.w }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
