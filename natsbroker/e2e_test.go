@@ -227,8 +227,9 @@ func (a *chaosAcker) Nak(ctx context.Context, d time.Duration) error {
 // TestEndToEndExactlyOnce: publish N messages (10,000; 100,000 with -long)
 // plus 20% duplicate publishes that bypass the broker's dedup, force
 // redeliveries (lost acks), crash the first consumer a quarter of the way
-// in and take the store down (claims refused) as the second one takes
-// over; consume with the guard on the memory store, each effect a row
+// in, leave 50 claims orphaned by a "dead worker" (F2) and take the store
+// down (claims refused) as the second one takes over; consume with the
+// guard on the memory store, each effect a row
 // appended to a PostgreSQL ledger with no unique constraint. Every message
 // must be in the ledger exactly once.
 func TestEndToEndExactlyOnce(t *testing.T) {
@@ -329,6 +330,11 @@ func testEndToEnd(t *testing.T, mode string) {
 	cancel1()
 	sub1.Close()
 
+	// F2: a worker that died after claiming, before its effect: claims on
+	// up to 50 messages not yet in the ledger, never settled and not kept
+	// alive. Consumer 2 must nak them while the lease lives, then take
+	// them over.
+	orphans := orphanClaims(t, store, pool, table, n, 50)
 	store.down.Store(true)
 	c2, _, sub2 := newConsumer(0)
 	ctx2, cancel2 := context.WithCancel(context.Background())
@@ -390,8 +396,8 @@ func testEndToEnd(t *testing.T, mode string) {
 	if forced.Load() == 0 || s1.Duplicates+s2.Duplicates == 0 || store.failed.Load() == 0 {
 		t.Fatalf("no fault exercised: forced %d, stats %+v %+v", forced.Load(), s1, s2)
 	}
-	t.Logf("%s: %d messages exactly once in %s; forced redeliveries %d; claims refused during the outage %d; consumer 1 %+v; consumer 2 %+v",
-		mode, n, elapsed.Round(time.Millisecond), forced.Load(), store.failed.Load(), s1, s2)
+	t.Logf("%s: %d messages exactly once in %s; forced redeliveries %d; claims refused during the outage %d; orphaned claims taken over %d; consumer 1 %+v; consumer 2 %+v",
+		mode, n, elapsed.Round(time.Millisecond), forced.Load(), store.failed.Load(), orphans, s1, s2)
 }
 
 // outageStore refuses claims with idem.ErrUnavailable while down is set.
@@ -418,4 +424,37 @@ func (s *outageStore) ClaimBatch(ctx context.Context, rs []idem.ClaimRequest) ([
 		return nil, fmt.Errorf("%w: injected outage", idem.ErrUnavailable)
 	}
 	return s.Store.(idem.BatchClaimer).ClaimBatch(ctx, rs)
+}
+
+// orphanClaims claims up to max keys of messages not yet in the ledger
+// through a guard without heartbeat, and never settles them: what a
+// worker that died between claim and effect leaves behind.
+func orphanClaims(t *testing.T, store idem.Store, pool *pgxpool.Pool, table string, n, max int) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := pool.Query(ctx, `SELECT i FROM generate_series(0, $1::int - 1) i
+		WHERE NOT EXISTS (SELECT 1 FROM `+table+` l WHERE l.msg_id = 'msg-' || lpad(i::text, 7, '0')) LIMIT $2`, n, max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := idem.NewGuard(store, idem.WithLease(2*time.Second), idem.WithHeartbeat(-1),
+		idem.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	claimed := 0
+	for _, i := range idx {
+		fp := consumer.PayloadFingerprint(&broker.Message{Payload: fmt.Appendf(nil, `{"n":%d}`, i)})
+		h, _, err := dead.Acquire(ctx, fmt.Appendf(nil, "msg-%07d", i), idem.WithFingerprint(fp))
+		if err == nil && h != nil {
+			claimed++ // and dropped on the floor
+		}
+	}
+	return claimed
 }
