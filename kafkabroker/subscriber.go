@@ -115,15 +115,15 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 // RedeliveryWindow is SubscriberConfig.RedeliveryWindow.
 func (s *Subscriber) RedeliveryWindow() time.Duration { return s.cfg.RedeliveryWindow() }
 
-// Fetch returns up to max deliveries: nak'd messages whose delay has passed
+// Fetch returns up to n deliveries: nak'd messages whose delay has passed
 // first, then new records. It blocks until there is at least one, ctx ends
 // (ctx's error) or the subscriber closes (broker.ErrClosed), and while
 // MaxUnsettled deliveries are unsettled.
-func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, error) {
+func (s *Subscriber) Fetch(ctx context.Context, n int) ([]*broker.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	max = cmpMax(max, 1)
+	n = max(n, 1)
 	s.fetchMu.Lock()
 	defer s.fetchMu.Unlock()
 	for {
@@ -133,7 +133,7 @@ func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, err
 			return nil, broker.ErrClosed
 		}
 		now := time.Now()
-		if msgs := s.dueLocked(max, now); len(msgs) > 0 {
+		if msgs := s.dueLocked(n, now); len(msgs) > 0 {
 			s.mu.Unlock()
 			return msgs, nil
 		}
@@ -150,15 +150,19 @@ func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, err
 			}
 			continue
 		}
-		pctx, cancel := context.WithCancel(ctx)
-		if !nextDue.IsZero() {
+		var pctx context.Context
+		var cancel context.CancelFunc
+		if nextDue.IsZero() {
+			pctx, cancel = context.WithCancel(ctx)
+		} else {
+			// Cut the poll short when the next nak'd delivery falls due.
 			pctx, cancel = context.WithDeadline(ctx, nextDue)
 		}
 		s.pollCancel, s.pollDue = cancel, nextDue
 		s.mu.Unlock()
 
 		s.pollMu.Lock()
-		fetches := s.cl.PollRecords(pctx, min(max, room))
+		fetches := s.cl.PollRecords(pctx, min(n, room))
 		msgs := s.register(fetches)
 		s.pollMu.Unlock()
 
@@ -182,13 +186,6 @@ func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, err
 			}
 		})
 	}
-}
-
-func cmpMax(a, b int) int {
-	if a < b {
-		return b
-	}
-	return a
 }
 
 // wait blocks until something changes (a settle, a rebalance ending), the
@@ -242,9 +239,9 @@ func (s *Subscriber) register(fs kgo.Fetches) []*broker.Message {
 }
 
 // dueLocked hands out nak'd deliveries whose delay has passed.
-func (s *Subscriber) dueLocked(max int, now time.Time) []*broker.Message {
+func (s *Subscriber) dueLocked(n int, now time.Time) []*broker.Message {
 	var out []*broker.Message
-	for len(out) < max && len(s.redeliver) > 0 && !s.redeliver[0].due.After(now) {
+	for len(out) < n && len(s.redeliver) > 0 && !s.redeliver[0].due.After(now) {
 		d := heap.Pop(&s.redeliver).(due)
 		if d.p.dead || d.p.draining || !d.p.t.redeliver(d.e) {
 			continue
