@@ -131,13 +131,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "# pgbench-idem %s\n# %s\n# synchronous_commit=%s rows=%d duration=%s batch=%d callers=%v schema=%s\n\n",
 		time.Now().UTC().Format(time.RFC3339), ver, sc, o.rows, o.duration, o.batch, o.callers, schema)
 	if !o.keep {
-		defer func() {
-			c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			if _, err := pool.Exec(c, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-				fmt.Fprintln(os.Stderr, "drop schema:", err)
-			}
-		}()
+		defer dropSchema(pool, schema)
+	}
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return err
 	}
 	fmt.Fprintln(out, "| layout | mode | callers | claims/s | p50 ms | p99 ms | vs raw (same callers) |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|")
@@ -146,7 +143,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := benchLayout(ctx, pool, schema, l, o, out); err != nil {
+		// One schema per layout, dropped as soon as it is measured, so the
+		// disk holds one filled layout at a time.
+		ls := schema + "_" + l.String()
+		err = benchLayout(ctx, pool, ls, l, o, out)
+		if !o.keep {
+			dropSchema(pool, ls)
+		}
+		if err != nil {
 			return fmt.Errorf("%s: %w", ln, err)
 		}
 	}
@@ -156,6 +160,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+func dropSchema(pool *pgxpool.Pool, schema string) {
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(c, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		fmt.Fprintln(os.Stderr, "drop schema:", err)
+	}
 }
 
 func envOr(k, d string) string {
