@@ -149,6 +149,36 @@ func TestCorruptRecordSkipVerify(t *testing.T) {
 	if r, err := s.Get(ctx, []byte("key-0149")); err != nil || string(r.Result) != "result-key-0149" {
 		t.Fatalf("neighbour: %+v %v", r, err)
 	}
+	// In the commit loop: the damaged record's operation fails alone, the
+	// operations sharing its transaction are re-applied and succeed.
+	errs := make(chan error, 9)
+	for i := range 9 {
+		go func() {
+			if i == 4 {
+				errs <- s.Delete(ctx, []byte("key-0150"))
+				return
+			}
+			_, err := s.Claim(ctx, claimReq(fmt.Sprint("new-", i)))
+			errs <- err
+		}()
+	}
+	failed := 0
+	for range 9 {
+		if err := <-errs; err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d operations failed, want only the one on the damaged record", failed)
+	}
+	for i := range 9 {
+		if _, err := s.Get(ctx, []byte(fmt.Sprint("new-", i))); (err == nil) != (i != 4) {
+			t.Fatalf("new-%d: %v", i, err)
+		}
+	}
 }
 
 // One meta page damaged: bbolt falls back to the other, which describes the

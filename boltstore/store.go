@@ -374,6 +374,15 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 		}
 		own[i] = idem.ClaimRequest{Key: clone(req.Key), Fingerprint: clone(req.Fingerprint), Lease: req.Lease, TTL: req.TTL}
 	}
+	valid := 0
+	for i := range own {
+		if own[i].Key != nil {
+			valid++
+		}
+	}
+	if valid == 0 {
+		return out, nil // nothing to commit
+	}
 	err := s.b.do(ctx, func(w *wtx, now int64) (error, error) {
 		sp, err := w.space(s.name)
 		if err != nil {
