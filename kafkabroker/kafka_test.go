@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -448,5 +451,58 @@ func TestBackpressure(t *testing.T) {
 	ackAll(t, got[:2])
 	if more := fetchN(t, s, 2, 30*time.Second); len(more) != 2 {
 		t.Fatalf("after 2 acks: %d more", len(more))
+	}
+}
+
+// TestCommitFailureRetried: a commit the broker refuses (fault injected with
+// kfake's ControlKey) is reported, leaves the group's offset alone, and the
+// next commit carries the settled prefix.
+func TestCommitFailureRetried(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p := newPub(t, c)
+	group := uniq("g")
+	cfg := fastSub(c, group, topic)
+	cfg.CommitInterval = time.Hour
+	s := newSub(t, cfg)
+	publish(t, p, msgs(topic, "cf", 2)...)
+	got := fetchN(t, s, 2, 30*time.Second)
+	ackAll(t, got[:1])
+
+	var refused atomic.Int32
+	c.ControlKey(kmsg.OffsetCommit.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		req := kr.(*kmsg.OffsetCommitRequest)
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.OffsetMetadataTooLarge.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+	ctx := context.Background()
+	if err := s.Commit(ctx); !errors.Is(err, kerr.OffsetMetadataTooLarge) {
+		t.Fatalf("refused commit: err = %v", err)
+	}
+	if refused.Load() != 1 {
+		t.Fatalf("control saw %d commits", refused.Load())
+	}
+	if at := committed(t, adm, group, topic, 0); at != -1 {
+		t.Fatalf("after a refused commit the group has offset %d", at)
+	}
+	ackAll(t, got[1:])
+	if err := s.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(t, adm, group, topic, 0); at != 2 {
+		t.Fatalf("committed %d, want 2", at)
 	}
 }
