@@ -173,3 +173,22 @@ func benchClaims(b *testing.B, c claimer, conc, batch int) {
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "claims/s")
 }
+
+// BenchmarkLinger shows what the commit loop's short wait for stragglers
+// buys: single claims from 64 callers with and without it.
+func BenchmarkLinger(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		linger time.Duration
+	}{{"linger=500us", 0}, {"linger=off", -1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			s, err := Open(Config{Path: filepath.Join(b.TempDir(), "bench.db"), SweepInterval: -1, MaxLinger: tc.linger})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			benchClaims(b, storeClaimer{s}, 64, 1)
+			b.ReportMetric(float64(s.b.committedOps.Load())/float64(s.b.commits.Load()), "ops/commit")
+		})
+	}
+}
