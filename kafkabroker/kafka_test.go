@@ -3,8 +3,10 @@ package kafkabroker
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/idem-dev/idem/broker"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -504,5 +507,66 @@ func TestCommitFailureRetried(t *testing.T) {
 	}
 	if at := committed(t, adm, group, topic, 0); at != 2 {
 		t.Fatalf("committed %d, want 2", at)
+	}
+}
+
+// TestLargePayloadConfigured: with the broker's message.max.bytes raised,
+// MaxMessageBytes on both sides carries a 4 MiB message; a publish over the
+// broker's limit fails and reports it.
+func TestLargePayloadConfigured(t *testing.T) {
+	c := newCluster(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(5 << 20)}))
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p, err := NewPublisher(PublisherConfig{Brokers: c.ListenAddrs(), MaxMessageBytes: 8 << 20, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	cfg := fastSub(c, uniq("g"), topic)
+	cfg.MaxMessageBytes = 8 << 20
+	s := newSub(t, cfg)
+	// Random bytes: the producer compresses, and a repetitive payload
+	// would shrink below every limit.
+	big := make([]byte, 4<<20)
+	_, _ = crand.Read(big)
+	publish(t, p, &broker.Message{ID: "big", Topic: topic, Payload: big})
+	got := fetchN(t, s, 1, 30*time.Second)
+	if !bytes.Equal(got[0].Payload, big) {
+		t.Fatalf("payload of %d bytes came back as %d bytes", len(big), len(got[0].Payload))
+	}
+	ackAll(t, got)
+	tooBig := make([]byte, 6<<20)
+	_, _ = crand.Read(tooBig)
+	err = p.Publish(context.Background(), &broker.Message{ID: "too-big", Topic: topic, Payload: tooBig},
+		&broker.Message{ID: "small", Topic: topic, Payload: []byte("x")})
+	if err == nil {
+		t.Fatal("publishing over the broker's message.max.bytes succeeded")
+	}
+	t.Logf("over the limit: %v", err)
+}
+
+// TestCloseUnblocksFetch: Close ends a Fetch blocked on an empty topic with
+// broker.ErrClosed.
+func TestCloseUnblocksFetch(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	s := newSub(t, fastSub(c, uniq("g"), topic))
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Fetch(context.Background(), 10)
+		errc <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, broker.ErrClosed) {
+			t.Fatalf("blocked Fetch after Close: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not unblock Fetch")
 	}
 }

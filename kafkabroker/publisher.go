@@ -79,7 +79,29 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	if p.cfg.TransactionalID != "" {
 		return p.publishTx(ctx, recs)
 	}
-	return produceErr(ctx, p.cl.ProduceSync(ctx, recs...).FirstErr())
+	return produceErr(ctx, resultsErr(p.cl.ProduceSync(ctx, recs...)))
+}
+
+// resultsErr aggregates the failures of one ProduceSync: how many records
+// failed and each distinct error once.
+func resultsErr(rs kgo.ProduceResults) error {
+	failed := 0
+	var errs []error
+	seen := map[string]bool{}
+	for _, r := range rs {
+		if r.Err == nil {
+			continue
+		}
+		failed++
+		if !seen[r.Err.Error()] {
+			seen[r.Err.Error()] = true
+			errs = append(errs, r.Err)
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d records not acknowledged: %w", failed, len(rs), errors.Join(errs...))
 }
 
 func (p *Publisher) publishTx(ctx context.Context, recs []*kgo.Record) error {
@@ -88,7 +110,7 @@ func (p *Publisher) publishTx(ctx context.Context, recs []*kgo.Record) error {
 	if err := p.cl.BeginTransaction(); err != nil {
 		return fmt.Errorf("kafkabroker: begin transaction: %w", err)
 	}
-	perr := p.cl.ProduceSync(ctx, recs...).FirstErr()
+	perr := resultsErr(p.cl.ProduceSync(ctx, recs...))
 	commit := kgo.TryCommit
 	if perr != nil {
 		commit = kgo.TryAbort
