@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -179,12 +180,32 @@ func (c *Consumer) runGroup(ctx context.Context, ps []pending) {
 
 func (p pending) m() *broker.Message { return p.d.m }
 
+// completeAll records and acks every message of a successful batch. The
+// guard completes keys one by one (a round trip each on a networked
+// store), so chunks of the batch complete in parallel.
 func (c *Consumer) completeAll(ctx context.Context, ps []pending) {
 	ctx, cancel := settlingFor(ctx, len(ps))
 	defer cancel()
-	for _, p := range ps {
-		c.completed(ctx, p.d, p.held.Complete(ctx, nil))
+	par := min(c.cfg.Batch.SettleConcurrency, (len(ps)+63)/64)
+	if par <= 1 {
+		for _, p := range ps {
+			c.completed(ctx, p.d, p.held.Complete(ctx, nil))
+		}
+		return
 	}
+	var wg sync.WaitGroup
+	chunk := (len(ps) + par - 1) / par
+	for start := 0; start < len(ps); start += chunk {
+		part := ps[start:min(start+chunk, len(ps))]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, p := range part {
+				c.completed(ctx, p.d, p.held.Complete(ctx, nil))
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // runBatchHandler runs the handler with InProgress heartbeats for every

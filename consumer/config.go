@@ -92,6 +92,11 @@ type BatchConfig struct {
 	GroupBy func(m *broker.Message) string
 	// OnFailure is what happens to a batch that fails as a whole.
 	OnFailure BatchFailurePolicy
+	// SettleConcurrency bounds the goroutines completing a successful
+	// batch's keys (the guard completes them one by one: a round trip
+	// each on a networked store); one goroutine per 64 messages at most.
+	// Default 8.
+	SettleConcurrency int
 }
 
 // Config configures a Consumer. Zero values take the documented defaults.
@@ -218,6 +223,9 @@ func (c Config) withDefaults() Config {
 	if c.Batch.Wait == 0 {
 		c.Batch.Wait = 20 * time.Millisecond
 	}
+	if c.Batch.SettleConcurrency == 0 {
+		c.Batch.SettleConcurrency = 8
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -237,8 +245,8 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("set exactly one of Handler and BatchHandler"))
 	}
 	if c.MaxAttempts < 0 || c.InProcessRetries < 0 || c.Workers < 0 || c.MaxInFlight < 0 ||
-		c.FetchBatch < 0 || c.Batch.Size < 0 {
-		errs = append(errs, errors.New("MaxAttempts, InProcessRetries, Workers, MaxInFlight, FetchBatch and Batch.Size must not be negative"))
+		c.FetchBatch < 0 || c.Batch.Size < 0 || c.Batch.SettleConcurrency < 0 {
+		errs = append(errs, errors.New("MaxAttempts, InProcessRetries, Workers, MaxInFlight, FetchBatch, Batch.Size and Batch.SettleConcurrency must not be negative"))
 	}
 	if c.InProcessMaxWait < 0 || c.StoreDownDelay < 0 || c.ShutdownTimeout < 0 || c.Batch.Wait < 0 ||
 		c.Backoff.Initial < 0 || c.Backoff.Max < 0 {

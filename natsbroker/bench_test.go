@@ -23,13 +23,16 @@ import (
 //
 //   - guard: the consumer runtime with the guard on the memory store
 //     (AcquireBatch per batch, Complete + ack per message);
+//   - guard-pgstore: the same with the guard on pgstore, records durable
+//     in the same PostgreSQL (a batch claim statement per batch, one
+//     complete statement per message, 8 in parallel);
 //   - baseline: the same fetch / COPY / ack pipeline with the same
 //     parallelism and no guard at all.
 //
 // b.N messages are published before the timer starts (no duplicates).
 // Use a fixed count: -benchtime 100000x.
 func BenchmarkConsumeBatchPG(b *testing.B) {
-	for _, variant := range []string{"baseline", "guard"} {
+	for _, variant := range []string{"baseline", "guard", "guard-pgstore"} {
 		b.Run(variant, func(b *testing.B) {
 			stream := newStream(b, nil)
 			pool, table := newLedger(b)
@@ -53,8 +56,19 @@ func BenchmarkConsumeBatchPG(b *testing.B) {
 			switch variant {
 			case "baseline":
 				runBaseline(b, sub, insert, n, workers, batchSize)
-			case "guard":
-				runGuarded(b, sub, insert, n, workers, batchSize, func() (int, error) {
+			default:
+				var store idem.Store
+				if variant == "guard-pgstore" {
+					store = newPGStore(b, pool, splitTable(table)[0])
+				} else {
+					mem, err := memstore.New(memstore.Config{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer mem.Close()
+					store = mem
+				}
+				runGuarded(b, store, sub, insert, n, workers, batchSize, func() (int, error) {
 					var c int
 					err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&c)
 					return c, err
@@ -116,12 +130,7 @@ func runBaseline(b *testing.B, sub broker.Subscriber, insert consumer.BatchHandl
 	wg.Wait()
 }
 
-func runGuarded(b *testing.B, sub broker.Subscriber, insert consumer.BatchHandler, n, workers, batchSize int, rows func() (int, error)) {
-	store, err := memstore.New(memstore.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
+func runGuarded(b *testing.B, store idem.Store, sub broker.Subscriber, insert consumer.BatchHandler, n, workers, batchSize int, rows func() (int, error)) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	guard, err := idem.NewGuard(store, idem.WithLogger(quiet))
 	if err != nil {

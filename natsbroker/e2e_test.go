@@ -19,6 +19,7 @@ import (
 	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/memstore"
 	"github.com/idem-dev/idem/natsbroker"
+	"github.com/idem-dev/idem/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -457,4 +458,22 @@ func orphanClaims(t *testing.T, store idem.Store, pool *pgxpool.Pool, table stri
 		}
 	}
 	return claimed
+}
+
+// newPGStore is a pgstore in schema (dropped with the ledger's schema).
+func newPGStore(t testing.TB, pool *pgxpool.Pool, schema string) idem.Store {
+	t.Helper()
+	cfg := pgstore.Config{Pool: pool, Schema: schema, Table: "idem_records",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pgstore.Migrate(ctx, cfg); err != nil {
+		t.Fatalf("pgstore migrate: %v", err)
+	}
+	s, err := pgstore.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
