@@ -41,6 +41,7 @@ type Subscriber struct {
 	redeliver   dueHeap
 	unsettled   int // handed out or waiting, over live partitions
 	wake        chan struct{}
+	watched     bool // someone waits on wake
 	rebalancing int
 	pollCancel  context.CancelFunc
 	pollDue     time.Time // when the running poll is cut short for a redelivery
@@ -137,13 +138,13 @@ func (s *Subscriber) Fetch(ctx context.Context, n int) ([]*broker.Message, error
 			s.mu.Unlock()
 			return msgs, nil
 		}
-		wake := s.wake
 		var nextDue time.Time
 		if len(s.redeliver) > 0 {
 			nextDue = s.redeliver[0].due
 		}
 		room := s.cfg.MaxUnsettled - s.unsettled
 		if s.rebalancing > 0 || room <= 0 {
+			wake := s.watchLocked()
 			s.mu.Unlock()
 			if err := s.wait(ctx, wake, nextDue); err != nil {
 				return nil, err
@@ -208,10 +209,22 @@ func (s *Subscriber) wait(ctx context.Context, wake <-chan struct{}, due time.Ti
 	return nil
 }
 
-// wakeLocked tells a waiting Fetch (or revoke drain) that state changed.
+// watchLocked returns a channel closed at the next state change (a settle,
+// a rebalance ending, Close).
+func (s *Subscriber) watchLocked() <-chan struct{} {
+	s.watched = true
+	return s.wake
+}
+
+// wakeLocked tells a waiting Fetch (or revoke drain) that state changed. It
+// costs nothing when nobody waits, as on most acks.
 func (s *Subscriber) wakeLocked() {
+	if !s.watched {
+		return
+	}
 	close(s.wake)
 	s.wake = make(chan struct{})
+	s.watched = false
 }
 
 // register tracks polled records and turns them into deliveries. Records of
@@ -453,7 +466,7 @@ func (s *Subscriber) drain(parts []*partition) {
 				held += p.t.handed
 			}
 		}
-		wake, closed := s.wake, s.closed
+		wake, closed := s.watchLocked(), s.closed
 		s.mu.Unlock()
 		if held == 0 || closed {
 			return
