@@ -263,3 +263,72 @@ func TestContextCancelledInQueue(t *testing.T) {
 		t.Fatalf("cancelled claim was applied: %v", err)
 	}
 }
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"minimal", Config{Path: "x.db"}, true},
+		{"full", Config{Path: "x.db", Namespace: "a.b-c_1", Fsync: FsyncAlways, MaxBatch: 10, SweepInterval: -1, SweepChunk: 5, LockTimeout: time.Second}, true},
+		{"no path", Config{}, false},
+		{"bad namespace", Config{Path: "x.db", Namespace: "a/b"}, false},
+		{"bad fsync", Config{Path: "x.db", Fsync: "never"}, false},
+		{"negative batch", Config{Path: "x.db", MaxBatch: -1}, false},
+		{"negative chunk", Config{Path: "x.db", SweepChunk: -1}, false},
+		{"negative lock timeout", Config{Path: "x.db", LockTimeout: -1}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if (err == nil) != tc.ok || (err != nil && !errors.Is(err, idem.ErrInvalidArgument)) {
+				t.Fatalf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// The background sweeper removes expired records of every namespace in the
+// file, not just the one Open served.
+func TestSweeper(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	s := openTemp(t, func(c *Config) { c.Clock = clk; c.SweepInterval = 5 * time.Millisecond; c.SweepChunk = 3 })
+	other, err := s.Namespace("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, st := range []*Store{s, other} {
+		reqs := make([]idem.ClaimRequest, 10)
+		for i := range reqs {
+			reqs[i] = idem.ClaimRequest{Key: []byte(fmt.Sprint("k", i)), Lease: time.Second, TTL: time.Second}
+		}
+		reqs[0].TTL, reqs[0].Lease = time.Hour, time.Hour
+		if _, err := st.ClaimBatch(ctx, reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(2 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for _, st := range []*Store{s, other} {
+		for {
+			var stored int
+			if err := st.b.bolt.View(func(tx *bbolt.Tx) error {
+				sp, err := spaceOf(tx, st.name)
+				stored = sp.r.Stats().KeyN
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if stored == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("namespace %q: %d records left, want the 1 unexpired", st.ns, stored)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		checkIndexes(t, st, clk.Now())
+	}
+}
