@@ -27,12 +27,19 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 go test -c -o "$tmp/redisstore.test" . >/dev/null
 
+usec() { # command -> server µs per call since the last reset (INFO commandstats)
+  redis-cli -p "$port" info commandstats | tr -d '\r' |
+    awk -F'[=,]' -v c="cmdstat_$1:" 'index($0, c) == 1 {print $6; f=1} END {if (!f) print 0}'
+}
+reset() { redis-cli -p "$port" config resetstat >/dev/null; }
 rb() { # clients pipeline requests -> "rps p50ms p99ms"
+  reset
   redis-benchmark -p "$port" -c "$1" -P "$2" -n "$3" -r 100000000 --csv \
     SET 'idembench:__rand_int__' x NX PX 60000 |
     awk -F'","' 'NR==2 {print $2, $5, $7}'
 }
 ours() { # sub-benchmark count -> "claims/s p50µs p99µs"
+  reset
   IDEM_BENCH_REDIS="127.0.0.1:$port" "$tmp/redisstore.test" -test.run '^$' \
     -test.bench "^BenchmarkClaim/$1\$" -test.benchtime "${2}x" |
     awk '/claims\/s/ {for (i=1;i<=NF;i++) {if ($(i+1)=="claims/s") r=$i; if ($(i+1)=="p50-µs") a=$i; if ($(i+1)=="p99-µs") b=$i}; print r, a, b}'
@@ -45,14 +52,18 @@ for r in $(seq "$ROUNDS"); do
   for c in 1 8 64; do
     n1=$((c == 1 ? 20000 : 60000))
     read -r brps bp50 bp99 < <(rb "$c" 1 "$n1")
+    setus=$(usec set)
     read -r ors op50 op99 < <(ours "single/callers=$c" "$n1")
     echo "single $c $brps $ors" >>"$res"
+    echo "single $c $setus $(usec evalsha)" >>"$tmp/cpu"
     printf '%-6s %-7s %5s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" single "$c" \
       "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
     n2=$((c == 1 ? 200000 : 400000))
     read -r brps bp50 bp99 < <(rb "$c" 64 "$n2")
+    setus=$(usec set)
     read -r ors op50 op99 < <(ours "batch64/callers=$c" "$n2")
     echo "batch $c $brps $ors" >>"$res"
+    echo "batch $c $setus $(echo "$(usec evalsha)/64" | bc -l)" >>"$tmp/cpu"
     printf '%-6s %-7s %5s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" batch64 "$c" \
       "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
   done
@@ -64,5 +75,14 @@ for mode in single batch; do
     awk -v m="$mode" -v c="$c" '$1==m && $2==c {print $3, $4, $4/$3}' "$res" >"$tmp/sel"
     med() { sort -g -k"$1" "$tmp/sel" | awk -v k="$1" '{v[NR]=$k} END {print v[int((NR+1)/2)]}'; }
     printf '%-7s C=%-3s SET NX %10.0f/s  claims %10.0f/s  ratio %4.0f%%\n' "$mode" "$c" "$(med 1)" "$(med 2)" "$(echo "100*$(med 3)" | bc -l)"
+  done
+done
+echo
+echo "server CPU per operation (INFO commandstats usec_per_call, medians; batch: per claim = per script / 64)"
+for mode in single batch; do
+  for c in 1 8 64; do
+    awk -v m="$mode" -v c="$c" '$1==m && $2==c {print $3, $4, $4/$3}' "$tmp/cpu" >"$tmp/sel"
+    med() { sort -g -k"$1" "$tmp/sel" | awk -v k="$1" '{v[NR]=$k} END {print v[int((NR+1)/2)]}'; }
+    printf '%-7s C=%-3s SET NX %6.2f us  claim %6.2f us  (claim/SET %4.1fx)\n' "$mode" "$c" "$(med 1)" "$(med 2)" "$(med 3)"
   done
 done
