@@ -287,7 +287,8 @@ func TestRebalanceMidStream(t *testing.T) {
 
 	var mu sync.Mutex
 	acked := map[string]int{}
-	held := map[string]bool{} // never settled by member 0
+	held := map[string]bool{}   // never settled by member 0
+	heldAt := map[int32]int64{} // lowest held offset per partition
 	where := map[string]string{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -305,6 +306,9 @@ func TestRebalanceMidStream(t *testing.T) {
 				where[m.ID] += fmt.Sprintf(" m%d:p%d@%d", id, a.p.partition, a.e.off)
 				if id == 0 && k%7 == 3 && !held[m.ID] && acked[m.ID] == 0 {
 					held[m.ID] = true // the handler "hangs" on it
+					if o, ok := heldAt[a.p.partition]; !ok || a.e.off < o {
+						heldAt[a.p.partition] = a.e.off
+					}
 					mu.Unlock()
 					continue
 				}
@@ -314,7 +318,16 @@ func TestRebalanceMidStream(t *testing.T) {
 			}
 		}
 	}
-	s0 := newSub(t, fastSub(c, group, topic))
+	s0, err := NewSubscriber(fastSub(c, group, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s0.Close()
+	// Every offset member 0 commits, checked below against what it held.
+	commits0 := map[int32]int64{}
+	s0.onCommitted = func(tp topicPartition, off int64) {
+		commits0[tp.partition] = max(commits0[tp.partition], off)
+	}
 	wg.Add(1)
 	go run(0, s0)
 	publish(t, p, sent[:n/2]...)
@@ -323,6 +336,23 @@ func TestRebalanceMidStream(t *testing.T) {
 	s1 := newSub(t, fastSub(c, group, topic))
 	wg.Add(1)
 	go run(1, s1)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s1.mu.Lock()
+		n1 := len(s1.parts)
+		s1.mu.Unlock()
+		if n1 > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("member 1 never got partitions")
+		}
+	}
+	s0.mu.Lock()
+	revoked := parts - len(s0.parts)
+	s0.mu.Unlock()
+	if revoked == 0 {
+		t.Fatal("no partition moved from member 0 to member 1")
+	}
 	for i := n / 2; i < n; i += 100 {
 		publish(t, p, sent[i:i+100]...)
 	}
@@ -379,6 +409,13 @@ func TestRebalanceMidStream(t *testing.T) {
 	if len(held) == 0 {
 		t.Fatal("member 0 held nothing back: the test did not exercise unsettled messages")
 	}
+	s0.mu.Lock()
+	for part, off := range commits0 {
+		if h, ok := heldAt[part]; ok && off > h {
+			t.Errorf("member 0 committed partition %d at %d, past its unsettled offset %d", part, off, h)
+		}
+	}
+	s0.mu.Unlock()
 	ends, err := adm.ListEndOffsets(context.Background(), topic)
 	if err != nil {
 		t.Fatal(err)

@@ -49,6 +49,8 @@ type Subscriber struct {
 	closeCh     chan struct{}
 
 	wg sync.WaitGroup
+
+	onCommitted func(topicPartition, int64) // test hook, called under mu
 }
 
 var _ broker.Subscriber = (*Subscriber)(nil)
@@ -551,6 +553,9 @@ func (s *Subscriber) commit(ctx context.Context, kill []*partition) error {
 	for _, pt := range points {
 		if ok[pt.p.topicPartition] {
 			pt.p.t.committedAt(pt.off)
+			if s.onCommitted != nil {
+				s.onCommitted(pt.p.topicPartition, pt.off)
+			}
 		}
 	}
 	s.mu.Unlock()
