@@ -39,6 +39,16 @@ type PublisherConfig struct {
 	// MaxMessageBytes bounds one record batch (ProducerBatchMaxBytes); it
 	// must not exceed the broker's message.max.bytes. Default 1 MiB.
 	MaxMessageBytes int
+	// CancelInFlight lets Publish's context (and RecordDeliveryTimeout in
+	// ClientOpts) fail records already sent whose answer has not come
+	// back. By default franz-go waits for their outcome however long that
+	// takes, so that the idempotent producer's sequence stays intact and
+	// its own retries never duplicate: Publish can then outlive its
+	// context while the broker is unreachable. With CancelInFlight it
+	// returns idem.ErrUnknownOutcome instead, and a publish repeated by
+	// the caller may write the message twice (the consumer's guard
+	// dedups it by id). Not allowed with TransactionalID.
+	CancelInFlight bool
 	// Logger receives franz-go's warnings and errors. Default slog.Default().
 	Logger *slog.Logger
 	// ClientOpts are extra franz-go options (SASL, TLS, dialer...). They
@@ -65,6 +75,9 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.MaxMessageBytes < 1024 {
 		errs = append(errs, fmt.Errorf("MaxMessageBytes %d < 1024", c.MaxMessageBytes))
+	}
+	if c.CancelInFlight && c.TransactionalID != "" {
+		errs = append(errs, errors.New("CancelInFlight with TransactionalID"))
 	}
 	return invalid(errs)
 }

@@ -40,6 +40,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"publisher no brokers", PublisherConfig{}.Validate()},
 		{"publisher tiny batch", PublisherConfig{Brokers: b, MaxMessageBytes: 10}.Validate()},
+		{"publisher cancel in flight with transactions", PublisherConfig{Brokers: b, TransactionalID: "x", CancelInFlight: true}.Validate()},
 		{"subscriber no group", SubscriberConfig{Brokers: b, Topics: []string{"t"}}.Validate()},
 		{"subscriber no topics", SubscriberConfig{Brokers: b, Group: "g"}.Validate()},
 		{"subscriber heartbeat >= session", SubscriberConfig{Brokers: b, Group: "g", Topics: []string{"t"}, SessionTimeout: time.Second, HeartbeatInterval: time.Second}.Validate()},
@@ -605,5 +606,31 @@ func TestCloseUnblocksFetch(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close did not unblock Fetch")
+	}
+}
+
+// TestPublishUnknownOutcome: with CancelInFlight, a publish whose produce
+// requests go unanswered until its context ends reports
+// idem.ErrUnknownOutcome (the records may or may not be written).
+func TestPublishUnknownOutcome(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p, err := NewPublisher(PublisherConfig{Brokers: c.ListenAddrs(), CancelInFlight: true, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	publish(t, p, msgs(topic, "warm", 1)...) // metadata and producer id are known
+	// Every produce request from now on goes unanswered.
+	c.ControlKey(kmsg.Produce.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		return nil, errors.New("dropped"), true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = p.Publish(ctx, msgs(topic, "lost", 1)...)
+	if !errors.Is(err, idem.ErrUnknownOutcome) {
+		t.Fatalf("publish with produce requests dropped: %v, want ErrUnknownOutcome", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -44,6 +45,9 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	)
 	if cfg.TransactionalID != "" {
 		opts = append(opts, kgo.TransactionalID(cfg.TransactionalID))
+	}
+	if cfg.CancelInFlight {
+		opts = append(opts, kgo.AllowIdempotentProduceCancellation())
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -127,16 +131,24 @@ func (p *Publisher) publishTx(ctx context.Context, recs []*kgo.Record) error {
 	return produceErr(ctx, perr)
 }
 
+// produceErr maps a produce failure. A broker's error answer (a kerr code
+// such as MESSAGE_TOO_LARGE) means the batch was refused; a timeout, a
+// cancelled context or a lost connection means the records may or may not
+// have been written: idem.ErrUnknownOutcome (publish again with the same
+// ids; consumers dedup).
 func produceErr(ctx context.Context, err error) error {
+	var ke *kerr.Error
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, kgo.ErrClientClosed):
 		return broker.ErrClosed
+	case errors.As(err, &ke) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
+		return fmt.Errorf("kafkabroker: publish: %w", err)
 	case ctx.Err() != nil:
-		return fmt.Errorf("kafkabroker: publish: %w", ctx.Err())
+		return fmt.Errorf("%w: kafkabroker: publish: %w", idem.ErrUnknownOutcome, ctx.Err())
 	}
-	return fmt.Errorf("kafkabroker: publish: %w", err)
+	return fmt.Errorf("%w: kafkabroker: publish: %w", idem.ErrUnknownOutcome, err)
 }
 
 func (p *Publisher) toRecord(m *broker.Message) (*kgo.Record, error) {
