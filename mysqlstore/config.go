@@ -115,6 +115,12 @@ type Config struct {
 	// MaxBatch is the most rows one claim statement carries (default 1000);
 	// larger batches are split into several statements.
 	MaxBatch int
+	// SingleStatement sends every claim as one INSERT ... ON DUPLICATE KEY
+	// UPDATE ... RETURNING (always one round trip). By default a claim is
+	// first tried as INSERT IGNORE ... RETURNING, which is about twice as
+	// fast for new keys, and only keys that already have a row take the
+	// second, conditional statement.
+	SingleStatement bool
 	// TxRetries bounds retries after deadlocks (1213), in standalone calls
 	// and in DoTx (default 5).
 	TxRetries int

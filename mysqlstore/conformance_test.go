@@ -15,6 +15,7 @@ import (
 func layoutConfigs() map[string]mysqlstore.Config {
 	return map[string]mysqlstore.Config{
 		"single":           {Layout: mysqlstore.LayoutSingle},
+		"single_statement": {Layout: mysqlstore.LayoutSingle, SingleStatement: true},
 		"sharded":          {Layout: mysqlstore.LayoutSharded, Shards: 4},
 		"time_ordered":     {Layout: mysqlstore.LayoutTimeOrdered, KeyTime: anyKeyTime},
 		"time_partitioned": {Layout: mysqlstore.LayoutTimePartitioned, KeyTime: anyKeyTime},

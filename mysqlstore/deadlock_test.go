@@ -83,7 +83,9 @@ func TestClaimTxDeadlockIsRetryable(t *testing.T) {
 	var victim error
 	for i := 0; i < 2; i++ {
 		if err := <-errs; err != nil {
-			victim = err
+			if victim == nil {
+				victim = err // the first error is the deadlock victim's
+			}
 			// Roll the victim back so the survivor's wait ends.
 			tx1.Rollback()
 			tx2.Rollback()

@@ -128,8 +128,11 @@ func (s *Store) DoTx(ctx context.Context, req idem.ClaimRequest, fn TxFunc) (ide
 	}
 	for attempt := 0; ; attempt++ {
 		c, err := s.doTxOnce(ctx, req, l, fn)
-		if err == nil || !IsRetryable(err) || attempt >= s.cfg.TxRetries {
+		if err == nil || !IsRetryable(err) {
 			return c, err
+		}
+		if attempt >= s.cfg.TxRetries {
+			return idem.Claim{}, mapErr(err, false) // rolled back: nothing applied
 		}
 		s.cfg.Logger.DebugContext(ctx, "mysqlstore: DoTx deadlock, retrying", "attempt", attempt+1)
 		t := time.NewTimer(time.Duration(1+rand.IntN(5<<attempt)) * time.Millisecond)
@@ -155,10 +158,7 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 	}()
 	c, err := s.claimOne(ctx, tx, req, l, false)
 	if err != nil {
-		if IsRetryable(err) {
-			return idem.Claim{}, err
-		}
-		return idem.Claim{}, err
+		return idem.Claim{}, err // a deadlock here is retried by DoTx
 	}
 	switch c.Outcome {
 	case idem.OutcomeCompleted:

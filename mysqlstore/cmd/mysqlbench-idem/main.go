@@ -18,6 +18,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -58,6 +59,8 @@ type opts struct {
 	seedDur    time.Duration
 	seeds      bool
 	keep       bool
+	odku       bool
+	repeat     int
 }
 
 func run() error {
@@ -71,7 +74,9 @@ func run() error {
 	flag.DurationVar(&o.dur, "duration", 5*time.Second, "measuring time per cell")
 	flag.DurationVar(&o.seedDur, "seeds-duration", 10*time.Second, "measuring time per seeds cell (at least 2 calls)")
 	flag.BoolVar(&o.seeds, "seeds", true, "measure the seeds' approach")
+	flag.IntVar(&o.repeat, "repeat", 1, "rounds of every cell, interleaved; the report takes the median (the machine is shared: use 3)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the database (debugging)")
+	flag.BoolVar(&o.odku, "single-statement", true, "also measure Config.SingleStatement (claim-1stmt, batch-1stmt)")
 	flag.Parse()
 	for _, s := range strings.Split(*layouts, ",") {
 		l, err := mysqlstore.ParseLayout(strings.TrimSpace(s))
@@ -87,7 +92,7 @@ func run() error {
 		}
 		o.callers = append(o.callers, n)
 	}
-	if o.rows < 0 || o.batch < 1 || o.batch > 1000 {
+	if o.rows < 0 || o.batch < 1 || o.batch > 1000 || o.repeat < 1 {
 		return fmt.Errorf("bad -rows or -batch")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -263,6 +268,13 @@ func benchLayout(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) (
 		return nil, err
 	}
 	defer s.Close()
+	cfg1 := cfg
+	cfg1.SingleStatement = true
+	s1, err := mysqlstore.Open(ctx, cfg1)
+	if err != nil {
+		return nil, err
+	}
+	defer s1.Close()
 	g := &keyGen{run: hex.EncodeToString([]byte(time.Now().Format("150405.000"))), uuid: cfg.KeyTime != nil}
 	req := func() idem.ClaimRequest {
 		return idem.ClaimRequest{Key: g.next(), Lease: time.Minute, TTL: 7 * 24 * time.Hour}
@@ -279,44 +291,63 @@ func benchLayout(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) (
 		out = append(out, r)
 		return nil
 	}
-	for _, c := range o.callers {
-		if err := add("claim", c, func(ctx context.Context, _ int) (int, error) {
-			cl, err := s.Claim(ctx, req())
-			if err == nil && cl.Outcome != idem.OutcomeAcquired {
-				err = fmt.Errorf("new key not acquired: %s", cl.Outcome)
+	for rep := 0; rep < o.repeat; rep++ {
+		for _, c := range o.callers {
+			if err := add("claim", c, func(ctx context.Context, _ int) (int, error) {
+				cl, err := s.Claim(ctx, req())
+				if err == nil && cl.Outcome != idem.OutcomeAcquired {
+					err = fmt.Errorf("new key not acquired: %s", cl.Outcome)
+				}
+				return 1, err
+			}); err != nil {
+				return out, err
 			}
-			return 1, err
-		}); err != nil {
-			return out, err
-		}
-		if err := add("raw-insert", c, func(ctx context.Context, _ int) (int, error) {
-			return 1, rawInsert(ctx, db, l, timed, [][]byte{g.next()})
-		}); err != nil {
-			return out, err
-		}
-		if err := add("batch", c, func(ctx context.Context, _ int) (int, error) {
-			reqs := make([]idem.ClaimRequest, o.batch)
-			for i := range reqs {
-				reqs[i] = req()
+			if err := add("raw-insert", c, func(ctx context.Context, _ int) (int, error) {
+				return 1, rawInsert(ctx, db, l, timed, [][]byte{g.next()})
+			}); err != nil {
+				return out, err
 			}
-			res, err := s.ClaimBatch(ctx, reqs)
-			for _, r := range res {
-				if err == nil && (r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired) {
-					err = fmt.Errorf("batch entry: %+v", r)
+			batch := func(st *mysqlstore.Store) func(ctx context.Context, _ int) (int, error) {
+				return func(ctx context.Context, _ int) (int, error) {
+					reqs := make([]idem.ClaimRequest, o.batch)
+					for i := range reqs {
+						reqs[i] = req()
+					}
+					res, err := st.ClaimBatch(ctx, reqs)
+					for _, r := range res {
+						if err == nil && (r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired) {
+							err = fmt.Errorf("batch entry: %+v", r)
+						}
+					}
+					return len(reqs), err
 				}
 			}
-			return len(reqs), err
-		}); err != nil {
-			return out, err
-		}
-		if err := add("raw-batch", c, func(ctx context.Context, _ int) (int, error) {
-			keys := make([][]byte, o.batch)
-			for i := range keys {
-				keys[i] = g.next()
+			if err := add("batch", c, batch(s)); err != nil {
+				return out, err
 			}
-			return len(keys), rawInsert(ctx, db, l, timed, keys)
-		}); err != nil {
-			return out, err
+			if o.odku {
+				if err := add("claim-1stmt", c, func(ctx context.Context, _ int) (int, error) {
+					cl, err := s1.Claim(ctx, req())
+					if err == nil && cl.Outcome != idem.OutcomeAcquired {
+						err = fmt.Errorf("new key not acquired: %s", cl.Outcome)
+					}
+					return 1, err
+				}); err != nil {
+					return out, err
+				}
+				if err := add("batch-1stmt", c, batch(s1)); err != nil {
+					return out, err
+				}
+			}
+			if err := add("raw-batch", c, func(ctx context.Context, _ int) (int, error) {
+				keys := make([][]byte, o.batch)
+				for i := range keys {
+					keys[i] = g.next()
+				}
+				return len(keys), rawInsert(ctx, db, l, timed, keys)
+			}); err != nil {
+				return out, err
+			}
 		}
 	}
 	return out, nil
@@ -454,7 +485,41 @@ func benchSeeds(ctx context.Context, o opts, db *sql.DB) ([]result, error) {
 	return out, nil
 }
 
+// median merges repeated cells: the median rate (by claims/s) and the
+// median of the rounds' p50 and p99.
+func median(rs []result) []result {
+	type key struct {
+		layout, name string
+		callers      int
+	}
+	groups := map[key][]result{}
+	var order []key
+	for _, r := range rs {
+		k := key{r.layout, r.name, r.callers}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	var out []result
+	for _, k := range order {
+		g := groups[k]
+		slices.SortFunc(g, func(a, b result) int { return cmp.Compare(a.rate(), b.rate()) })
+		m := g[len(g)/2]
+		p50s, p99s := make([]time.Duration, len(g)), make([]time.Duration, len(g))
+		for i, r := range g {
+			p50s[i], p99s[i] = r.p50, r.p99
+		}
+		slices.Sort(p50s)
+		slices.Sort(p99s)
+		m.p50, m.p99 = p50s[len(g)/2], p99s[len(g)/2]
+		out = append(out, m)
+	}
+	return out
+}
+
 func report(w io.Writer, o opts, rs []result) {
+	rs = median(rs)
 	find := func(layout, name string, callers int) *result {
 		for i := range rs {
 			if rs[i].layout == layout && rs[i].name == name && rs[i].callers == callers {
@@ -469,13 +534,17 @@ func report(w io.Writer, o opts, rs []result) {
 	seed1 := find("seeds", "seeds", 1)
 	for _, r := range rs {
 		vsRaw, vsSeed := "", ""
-		rawName := map[string]string{"claim": "raw-insert", "batch": "raw-batch"}[r.name]
+		rawName := map[string]string{"claim": "raw-insert", "batch": "raw-batch", "claim-1stmt": "raw-insert", "batch-1stmt": "raw-batch"}[r.name]
 		if raw := find(r.layout, rawName, r.callers); raw != nil && rawName != "" {
 			vsRaw = fmt.Sprintf("%.2f", r.rate()/raw.rate())
 		}
 		if seed1 != nil && r.layout != "seeds" && seed1.rate() > 0 {
 			vsSeed = fmt.Sprintf("%.0fx", r.rate()/seed1.rate())
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %s | %s | %s | %s |\n", r.layout, r.name, r.callers, r.rate(), ms(r.p50), ms(r.p99), vsRaw, vsSeed)
+		rate := fmt.Sprintf("%.0f", r.rate())
+		if r.rate() < 10 {
+			rate = fmt.Sprintf("%.2f", r.rate())
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s |\n", r.layout, r.name, r.callers, rate, ms(r.p50), ms(r.p99), vsRaw, vsSeed)
 	}
 }
