@@ -1,6 +1,7 @@
 // Package redisstore is an idem.Store on Redis (github.com/redis/go-redis/v9),
 // for a single node, Sentinel or a Redis Cluster alike (any
-// redis.UniversalClient except a Ring).
+// redis.UniversalClient except a Ring). It needs Redis 6.2 or later (SET
+// with GET and PXAT).
 //
 // Every write is ONE Lua script that reads the server's clock with TIME, so
 // all workers share one clock for leases, and checks the fencing token in

@@ -115,3 +115,32 @@ func FuzzParseCursor(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseRecord feeds arbitrary values to the record decoder: it must
+// never panic, and what it accepts must be self-consistent.
+func FuzzParseRecord(f *testing.F) {
+	for _, s := range []string{
+		"1|p|1764450000000123|1|1764450060000|1764453600000|1764450000000|1764450000000|3600000|0|0|",
+		"1|c|1764450000000200|2|1764450060000|1764453600000|1764450000000|1764450001000|3600000|4|3|fp-aerrresult\x00\xff",
+		"1|r|5|1|1|1|1|1|1|0|5|cause",
+		"2|p|1|1|1|1|1|1|1|0|0|",
+		"1|p|1|1|1|1|1|1|1|9|9|short",
+		"1|x|1|1|1|1|1|1|1|0|0|",
+		"1|p|-1|1|1|1|1|1|1|0|0|",
+		"",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		r, err := parseRecord([]byte("k"), v)
+		if err != nil {
+			return
+		}
+		if r.State < idem.StateInProgress || r.State > idem.StateReleased {
+			t.Fatalf("accepted state %v from %q", r.State, v)
+		}
+		if len(r.Fingerprint)+len(r.LastError)+len(r.Result) > len(v) {
+			t.Fatalf("fields longer than the value %q", v)
+		}
+	})
+}
