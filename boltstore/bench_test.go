@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -137,6 +138,11 @@ func (bl baseline) claim(_ context.Context, reqs []idem.ClaimRequest) error {
 // benchClaims makes b.N claims of new keys from conc goroutines, batch keys
 // per call, and reports claims/s.
 func benchClaims(b *testing.B, c claimer, conc, batch int) {
+	benchClaimKeys(b, c, conc, batch, func(i int64) []byte { return strconv.AppendInt([]byte("key-"), i, 10) })
+}
+
+// benchClaimKeys is benchClaims with the key of claim i given by key.
+func benchClaimKeys(b *testing.B, c claimer, conc, batch int, key func(i int64) []byte) {
 	ctx := context.Background()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -155,7 +161,7 @@ func benchClaims(b *testing.B, c claimer, conc, batch int) {
 				}
 				reqs = reqs[:0]
 				for i := first; i < min(first+int64(batch), int64(b.N)); i++ {
-					reqs = append(reqs, idem.ClaimRequest{Key: strconv.AppendInt([]byte("key-"), i, 10), Lease: time.Minute, TTL: time.Hour})
+					reqs = append(reqs, idem.ClaimRequest{Key: key(i), Lease: time.Minute, TTL: time.Hour})
 				}
 				if err := c.claim(ctx, reqs); err != nil {
 					errs <- err
@@ -240,5 +246,30 @@ func BenchmarkDuplicate(b *testing.B) {
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
 		})
+	}
+}
+
+// BenchmarkClaimRandomKeys is BenchmarkClaim's 64-caller rows with random
+// 16-byte keys (UUID-like) instead of increasing ones (Snowflake-like): each
+// claim then dirties its own leaf pages, so commits write more.
+func BenchmarkClaimRandomKeys(b *testing.B) {
+	random := func(i int64) []byte {
+		var k [16]byte
+		binary.LittleEndian.PutUint64(k[:], uint64(i)*0x9E3779B97F4A7C15)
+		binary.LittleEndian.PutUint64(k[8:], uint64(i)*0xC2B2AE3D27D4EB4F^0x165667B19E3779F9)
+		return k[:]
+	}
+	for _, batch := range []int{1, 100} {
+		for _, tg := range []struct {
+			name string
+			open func(b *testing.B) claimer
+		}{
+			{"boltstore-group", func(b *testing.B) claimer { return storeClaimer{benchStore(b, FsyncGroup)} }},
+			{"bbolt-update-per-claim", openBaseline},
+		} {
+			b.Run(fmt.Sprintf("batch=%d/callers=64/%s", batch, tg.name), func(b *testing.B) {
+				benchClaimKeys(b, tg.open(b), 64, batch, random)
+			})
+		}
 	}
 }

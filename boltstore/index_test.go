@@ -3,6 +3,7 @@ package boltstore
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -114,8 +115,8 @@ func checkIndexes(t *testing.T, s *Store, now time.Time) {
 			if sp.x.Get(expiryKey(r.expiresAt, k)) == nil {
 				return fmt.Errorf("%q: no expiry entry", k)
 			}
-			if (sp.p.Get(k) != nil || r.state == idem.StateInProgress) && !(r.state == idem.StateInProgress && keyIn(sp.p, k)) {
-				return fmt.Errorf("%q (%s): in-progress index disagrees", k, r.state)
+			if r.state == idem.StateInProgress && !keyIn(sp.p, progressKey(r.token, k)) {
+				return fmt.Errorf("%q (%s): not in the in-progress index", k, r.state)
 			}
 			return nil
 		})
@@ -134,7 +135,18 @@ func checkIndexes(t *testing.T, s *Store, now time.Time) {
 		if err != nil {
 			return err
 		}
-		_ = sp.p.ForEach(func(k, _ []byte) error { np++; return nil })
+		_ = sp.p.ForEach(func(k, _ []byte) error {
+			np++
+			if v := sp.r.Get(k[8:]); v == nil {
+				err = fmt.Errorf("in-progress entry for missing %q", k[8:])
+			} else if r, _ := decode(k[8:], v); r.state != idem.StateInProgress || r.token != binary.BigEndian.Uint64(k) {
+				err = fmt.Errorf("stale in-progress entry for %q", k[8:])
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 		if nr := sp.r.Stats().KeyN; nx != nr {
 			return fmt.Errorf("%d expiry entries for %d records", nx, nr)
 		}
@@ -162,4 +174,52 @@ func keyIn(b *bbolt.Bucket, k []byte) bool {
 	c := b.Cursor()
 	got, _ := c.Seek(k)
 	return got != nil && string(got) == string(k)
+}
+
+// ListInProgress pages through held keys in claim order; a takeover moves
+// the key to the end, completed keys leave the list.
+func TestListInProgressOrder(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	s := openTemp(t, func(c *Config) { c.Clock = clk; c.SweepInterval = -1 })
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if _, err := s.Claim(ctx, idem.ClaimRequest{Key: []byte(k), Lease: time.Second, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Add(2 * time.Second)
+	if _, err := s.Claim(ctx, idem.ClaimRequest{Key: []byte("a"), Lease: time.Minute, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Get(ctx, []byte("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, []byte("c"), r.Token, nil); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	cursor := ""
+	for page := 0; ; page++ {
+		recs, next, err := s.ListInProgress(ctx, cursor, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			got = append(got, string(r.Key))
+		}
+		if next == "" {
+			break
+		}
+		if page > 5 {
+			t.Fatal("cursor never ends")
+		}
+		cursor = next
+	}
+	if fmt.Sprint(got) != "[b d a]" {
+		t.Fatalf("listed %v, want [b d a]", got)
+	}
+	if _, _, err := s.ListInProgress(ctx, "zz", 2); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("bad cursor: %v", err)
+	}
 }

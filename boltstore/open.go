@@ -34,7 +34,7 @@ var ErrInUse = errors.New("boltstore: file in use")
 //	           counter, and it holds:
 //	  "r"      records: key -> encoded rec
 //	  "x"      expiry index: expiresAt (8 bytes BE) | key -> nil
-//	  "p"      in-progress index: key -> nil
+//	  "p"      in-progress index: token (8 bytes BE) | key -> nil
 //	  "counts" per-state record counts (4 x uint64 BE)
 var (
 	metaBucket    = []byte("idem")

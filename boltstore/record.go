@@ -174,3 +174,13 @@ func expiryKey(expiresAt int64, key []byte) []byte {
 	copy(k[8:], key)
 	return k
 }
+
+// progressKey is the in-progress index key: big-endian token then the record
+// key. Tokens grow, so new claims append at the right edge of the index
+// instead of dirtying a page per random key.
+func progressKey(token uint64, key []byte) []byte {
+	k := make([]byte, 8+len(key))
+	binary.BigEndian.PutUint64(k, token)
+	copy(k[8:], key)
+	return k
+}

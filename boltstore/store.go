@@ -191,12 +191,13 @@ func (sp space) put(key []byte, old, r *rec) error {
 		}
 	}
 	wasIP, isIP := old != nil && old.state == idem.StateInProgress, r.state == idem.StateInProgress
-	if wasIP && !isIP {
-		if err := sp.p.Delete(key); err != nil {
+	if wasIP && (!isIP || old.token != r.token) {
+		if err := sp.p.Delete(progressKey(old.token, key)); err != nil {
 			return err
 		}
-	} else if isIP && !wasIP {
-		if err := sp.p.Put(key, nil); err != nil {
+	}
+	if isIP && (!wasIP || old.token != r.token) {
+		if err := sp.p.Put(progressKey(r.token, key), nil); err != nil {
 			return err
 		}
 	}
@@ -213,7 +214,7 @@ func (sp space) del(key []byte, old *rec) error {
 		return err
 	}
 	if old.state == idem.StateInProgress {
-		if err := sp.p.Delete(key); err != nil {
+		if err := sp.p.Delete(progressKey(old.token, key)); err != nil {
 			return err
 		}
 	}
@@ -619,8 +620,9 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	return s.b.purge(ctx, s.name, limit)
 }
 
-// ListInProgress implements idem.Lister from the in-progress index, in key
-// order. The cursor is the hex of the last key returned.
+// ListInProgress implements idem.Lister from the in-progress index, in claim
+// (token) order: the longest-held keys first. The cursor is the hex of the
+// last index entry returned.
 func (s *Store) ListInProgress(ctx context.Context, cursor string, limit int) ([]idem.Record, string, error) {
 	after, err := hex.DecodeString(cursor)
 	if err != nil {
@@ -641,19 +643,25 @@ func (s *Store) ListInProgress(ctx context.Context, cursor string, limit int) ([
 				k, _ = c.Next()
 			}
 		}
+		var last []byte
 		for ; k != nil; k, _ = c.Next() {
-			r, err := sp.load(k)
+			if len(k) < 8 {
+				return fmt.Errorf("%w: %w: in-progress index entry %x", idem.ErrUnavailable, ErrCorrupt, k)
+			}
+			key := k[8:]
+			r, err := sp.load(key)
 			if err != nil {
 				return err
 			}
-			if r == nil || r.state != idem.StateInProgress || r.expiresAt <= now {
+			if r == nil || r.state != idem.StateInProgress || r.token != binary.BigEndian.Uint64(k) || r.expiresAt <= now {
 				continue
 			}
 			if len(out) == limit {
-				next = hex.EncodeToString(out[len(out)-1].Key)
+				next = hex.EncodeToString(last)
 				break
 			}
-			out = append(out, r.record(k))
+			out = append(out, r.record(key))
+			last = append(last[:0], k...)
 		}
 		return nil
 	})
