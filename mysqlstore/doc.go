@@ -1,12 +1,14 @@
 // Package mysqlstore is an idem.Store on MariaDB (10.5+) or MySQL-compatible
 // servers through database/sql and github.com/go-sql-driver/mysql.
 //
-// A claim is one statement, INSERT ... ON DUPLICATE KEY UPDATE ...
-// RETURNING, run in autocommit: the insert-if-absent, the conditional
-// takeover (IF() on the row's current state, lease and fingerprint, decided
-// under the row lock) and the read-back of the resulting row happen in one
-// atomic operation and one round trip. A batch claim is the same statement
-// with many rows. Tokens come from a SEQUENCE (<table>_token), so they grow
+// Every claim is decided by one atomic statement per key, run in
+// autocommit. A new key is created by INSERT IGNORE ... RETURNING (one round
+// trip for a batch of new keys, the common case); a key that already has a
+// row goes to INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING, whose IF()
+// expressions decide the takeover on the row's current state, lease and
+// fingerprint under the row lock, and return the resulting row in the same
+// statement. Config.SingleStatement sends every claim through the second
+// statement only. Tokens come from a SEQUENCE (<table>_token), so they grow
 // per key across expiry, purge and delete.
 //
 // Records are keyed by (namespace, SHA-256(key)[:16]) in a BINARY column,

@@ -380,9 +380,9 @@ func truncKey(k []byte) []byte {
 
 func newNonce() uint64 { return rand.Uint64() | 1 }
 
-// Claim implements idem.Store: one INSERT ... ON DUPLICATE KEY UPDATE ...
-// RETURNING statement in autocommit, i.e. one atomic operation and one
-// round trip. Deadlocks (1213) are retried.
+// Claim implements idem.Store: one atomic statement in autocommit (see
+// claimChunk); one round trip for a new key, two for a key that already has
+// a record. Deadlocks (1213) are retried.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
 	if err := idem.ValidateClaim(req); err != nil {
 		return idem.Claim{}, err
@@ -450,9 +450,9 @@ func (s *Store) retry(ctx context.Context, enabled bool, fn func() error) error 
 }
 
 // ClaimBatch implements idem.BatchClaimer. Distinct keys go into one
-// multi-row INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING per table (per
-// shard in LayoutSharded, run in parallel) and per MaxBatch rows: for the
-// single, time-ordered and partitioned layouts a batch of up to MaxBatch keys
+// multi-row statement per table (per shard in LayoutSharded, run in
+// parallel) and per MaxBatch rows (see claimChunk): for the single,
+// time-ordered and partitioned layouts a batch of up to MaxBatch new keys
 // is one statement and one round trip. Rows are sorted by primary key so
 // concurrent batches lock in the same order (fewer deadlocks).
 //
