@@ -159,3 +159,46 @@ func TestInProgressHoldsRedelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTracePropagates: a message published with a trace in ctx carries it;
+// one with its own traceparent keeps it.
+func TestTracePropagates(t *testing.T) {
+	stream := newStream(t, nil)
+	p, _ := natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: js})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	own := "00-11111111111111111111111111111111-2222222222222222-01"
+	tctx := broker.ContextWithTrace(ctx, broker.TraceContext{TraceParent: tp, TraceState: "k=v"})
+	if err := p.Publish(tctx,
+		&broker.Message{ID: "a", Topic: stream},
+		&broker.Message{ID: "b", Topic: stream, Headers: map[string]string{broker.HeaderTraceParent: own}}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{JS: js, Stream: stream, Durable: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := map[string]*broker.Message{}
+	for len(got) < 2 {
+		msgs, err := s.Fetch(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			got[m.ID] = m
+			_ = m.Acker.Ack(ctx)
+		}
+	}
+	if h := got["a"].Headers; h[broker.HeaderTraceParent] != tp || h[broker.HeaderTraceState] != "k=v" {
+		t.Fatalf("injected headers %v", h)
+	}
+	if h := got["b"].Headers; h[broker.HeaderTraceParent] != own {
+		t.Fatalf("own traceparent replaced: %v", h)
+	}
+	if tc, ok := broker.TraceFromContext(broker.ExtractTrace(ctx, got["a"])); !ok || tc.TraceID() != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Fatalf("extracted %+v", tc)
+	}
+}
