@@ -144,3 +144,18 @@ func FuzzParseRecord(f *testing.F) {
 		}
 	})
 }
+
+func TestVersionOK(t *testing.T) {
+	for info, want := range map[string]bool{
+		"# Server\r\nredis_version:7.0.15\r\n": true,
+		"redis_version:6.2.0\r\n":              true,
+		"redis_version:6.0.16\r\n":             false,
+		"redis_version:5.0.7\r\n":              false,
+		"redis_version:10.1.0\r\n":             true,
+		"no version here":                      true,
+	} {
+		if got := versionOK(info); got != want {
+			t.Errorf("versionOK(%q) = %v, want %v", info, got, want)
+		}
+	}
+}

@@ -69,6 +69,9 @@ func (s *Store) Namespace(ns string) (*Store, error) {
 
 func (s *Store) checkEviction(ctx context.Context) {
 	check := func(ctx context.Context, c *redis.Client) error {
+		if info, err := c.Info(ctx, "server").Result(); err == nil && !versionOK(info) {
+			s.cfg.Logger.Error("redisstore: Redis 6.2 or later is required (SET with GET and PXAT); every claim will fail", "addr", c.Options().Addr)
+		}
 		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 		if err != nil {
 			s.cfg.Logger.Warn("redisstore: cannot read maxmemory-policy; make sure it is noeviction", "addr", c.Options().Addr, "err", err)
@@ -88,6 +91,28 @@ func (s *Store) checkEviction(ctx context.Context) {
 	case *redis.Client:
 		_ = check(ctx, c)
 	}
+}
+
+// versionOK reports whether INFO server shows Redis 6.2 or later (true when
+// it cannot tell: the scripts' own errors will say).
+func versionOK(info string) bool {
+	for _, l := range strings.Split(info, "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:")
+		if !ok {
+			continue
+		}
+		parts := strings.SplitN(v, ".", 3)
+		if len(parts) < 2 {
+			return true
+		}
+		major, err1 := strconv.Atoi(parts[0])
+		minor, err2 := strconv.Atoi(parts[1])
+		if err1 != nil || err2 != nil {
+			return true
+		}
+		return major > 6 || major == 6 && minor >= 2
+	}
+	return true
 }
 
 // Close marks the store closed (later calls return idem.ErrClosed) and
