@@ -634,3 +634,38 @@ func TestPublishUnknownOutcome(t *testing.T) {
 		t.Fatalf("publish with produce requests dropped: %v, want ErrUnknownOutcome", err)
 	}
 }
+
+// TestNakWaitingAtRevoke: a message waiting out its nak delay when its
+// member leaves is not lost: the next owner gets it from the last commit.
+func TestNakWaitingAtRevoke(t *testing.T) {
+	c := newCluster(t)
+	adm := admin(t, c)
+	topic := createTopic(t, adm, 1)
+	p := newPub(t, c)
+	group := uniq("g")
+	publish(t, p, msgs(topic, "w", 3)...)
+	a := newSub(t, fastSub(c, group, topic))
+	got := fetchN(t, a, 3, 30*time.Second)
+	ctx := context.Background()
+	if err := got[0].Acker.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := got[1].Acker.Nak(ctx, 8*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := got[2].Acker.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(t, adm, group, topic, 0); at != 1 {
+		t.Fatalf("committed %d, want 1 (offset 1 waits out its nak)", at)
+	}
+	b := newSub(t, fastSub(c, group, topic))
+	again := fetchN(t, b, 2, 30*time.Second)
+	if again[0].ID != got[1].ID || again[1].ID != got[2].ID {
+		t.Fatalf("new owner got %s, %s; want %s, %s", again[0].ID, again[1].ID, got[1].ID, got[2].ID)
+	}
+	ackAll(t, again)
+}

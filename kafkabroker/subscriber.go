@@ -183,13 +183,29 @@ func (s *Subscriber) Fetch(ctx context.Context, n int) ([]*broker.Message, error
 		if closed || fetches.IsClientClosed() {
 			return nil, broker.ErrClosed
 		}
+		failed := false
 		fetches.EachError(func(topic string, part int32, err error) {
 			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				failed = true
 				s.cfg.Logger.Warn("kafkabroker: fetch error", "topic", topic, "partition", part, "err", err)
 			}
 		})
+		if failed {
+			// franz-go retries on its own; do not spin on a poll that
+			// keeps failing at once.
+			s.mu.Lock()
+			wake := s.watchLocked()
+			s.mu.Unlock()
+			if err := s.wait(ctx, wake, time.Now().Add(fetchErrorPause)); err != nil {
+				return nil, err
+			}
+		}
 	}
 }
+
+// fetchErrorPause is how long Fetch waits after a poll that returned only
+// errors before polling again.
+const fetchErrorPause = 100 * time.Millisecond
 
 // wait blocks until something changes (a settle, a rebalance ending), the
 // next redelivery is due, ctx ends or the subscriber closes.
