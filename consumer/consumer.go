@@ -316,43 +316,74 @@ func (c *Consumer) runHandler(ctx context.Context, d *delivery, held *idem.Held)
 	return c.cfg.Handler(hctx, d.m)
 }
 
+// keepAliveDelay: handlers faster than this get no watcher goroutine; a
+// lease lost that early only shows as a fenced completion, which is
+// handled the same way.
+const keepAliveDelay = 50 * time.Millisecond
+
 // keepAlive cancels ctx when held is lost and sends InProgress for the
-// deliveries while it runs. stop ends it and waits.
+// deliveries while the handler runs; the watcher starts only once the
+// handler has run for keepAliveDelay (or InProgressInterval, if shorter).
+// stop ends it and waits.
 func (c *Consumer) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, held *idem.Held, ds ...*delivery) (stop func()) {
-	done := make(chan struct{})
-	exited := make(chan struct{})
+	var (
+		mu           sync.Mutex
+		stopped      bool
+		done, exited chan struct{}
+	)
+	delay := keepAliveDelay
+	if c.cfg.InProgressInterval > 0 {
+		delay = min(delay, c.cfg.InProgressInterval)
+	}
+	t := time.AfterFunc(delay, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		done, exited = make(chan struct{}), make(chan struct{})
+		go c.watch(ctx, cancel, held, ds, done, exited)
+	})
+	return func() {
+		t.Stop()
+		mu.Lock()
+		stopped = true
+		d, e := done, exited
+		mu.Unlock()
+		if d != nil {
+			close(d)
+			<-e
+		}
+		cancel(nil)
+	}
+}
+
+func (c *Consumer) watch(ctx context.Context, cancel context.CancelCauseFunc, held *idem.Held, ds []*delivery, done, exited chan struct{}) {
+	defer close(exited)
 	var lost <-chan struct{}
 	if held != nil {
 		lost = held.Done()
 	}
-	go func() {
-		defer close(exited)
-		var tick <-chan time.Time
-		if c.cfg.InProgressInterval > 0 {
-			t := time.NewTicker(c.cfg.InProgressInterval)
-			defer t.Stop()
-			tick = t.C
-		}
-		for {
-			select {
-			case <-done:
-				return
-			case <-lost:
-				cancel(idem.ErrLeaseLost)
-				lost = nil
-			case <-tick:
-				for _, d := range ds {
-					if err := d.m.Acker.InProgress(ctx); err != nil {
-						c.log.Warn("consumer: in-progress heartbeat failed", "msg_id", d.m.ID, "err", err)
-					}
+	var tick <-chan time.Time
+	if c.cfg.InProgressInterval > 0 {
+		tk := time.NewTicker(c.cfg.InProgressInterval)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	for {
+		select {
+		case <-done:
+			return
+		case <-lost:
+			cancel(idem.ErrLeaseLost)
+			lost = nil
+		case <-tick:
+			for _, d := range ds {
+				if err := d.m.Acker.InProgress(ctx); err != nil {
+					c.log.Warn("consumer: in-progress heartbeat failed", "msg_id", d.m.ID, "err", err)
 				}
 			}
 		}
-	}()
-	return func() {
-		close(done)
-		<-exited
-		cancel(nil)
 	}
 }
 
