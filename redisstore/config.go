@@ -47,7 +47,8 @@ type Config struct {
 	// WaitReplicas, when > 0, sends WAIT WaitReplicas WaitTimeout after each
 	// write on the same connection; if fewer replicas acknowledge, the call
 	// returns ErrUnknownOutcome (the write is on the master but may be lost
-	// by a failover). Not supported with a *redis.ClusterClient.
+	// by a failover). On a cluster each master's share of a call is
+	// pipelined on that master's connection, followed by its WAIT.
 	WaitReplicas int
 	// WaitTimeout bounds WAIT (default 500ms).
 	WaitTimeout time.Duration
@@ -108,11 +109,6 @@ func (c Config) Validate() error {
 	}
 	if c.WaitReplicas < 0 {
 		return fmt.Errorf("%w: redisstore: WaitReplicas %d < 0", idem.ErrInvalidArgument, c.WaitReplicas)
-	}
-	if c.WaitReplicas > 0 {
-		if _, ok := c.Client.(*redis.ClusterClient); ok {
-			return fmt.Errorf("%w: redisstore: WaitReplicas is not supported with a ClusterClient", idem.ErrInvalidArgument)
-		}
 	}
 	if c.WaitTimeout < 0 {
 		return fmt.Errorf("%w: redisstore: WaitTimeout %s < 0", idem.ErrInvalidArgument, c.WaitTimeout)

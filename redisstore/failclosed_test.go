@@ -236,3 +236,59 @@ func TestClusterNodeDown(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestClusterWait runs WaitReplicas on a cluster of 3 masters with one
+// replica each: writes succeed while the replicas acknowledge; with one
+// replica killed, a batch touching its master reports ErrUnknownOutcome.
+func TestClusterWait(t *testing.T) {
+	cl := redistest.StartClusterReplicas(t, 3, 1)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()[:3], MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	s := mustNew(t, redisstore.Config{Client: c, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl1, err := s.Claim(ctx, claimReq("one"))
+	if err != nil || cl1.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("Claim with WAIT on the cluster: %v %v", cl1.Outcome, err)
+	}
+	if err := s.Complete(ctx, []byte("one"), cl1.Record.Token, []byte("r")); err != nil {
+		t.Fatalf("Complete with WAIT: %v", err)
+	}
+	var reqs []idem.ClaimRequest
+	for i := range 64 {
+		reqs = append(reqs, claimReq("b"+strconv.Itoa(i)), claimReq("b"+strconv.Itoa(i)))
+	}
+	res, err := s.ClaimBatch(ctx, reqs)
+	if err != nil {
+		t.Fatalf("ClaimBatch with WAIT: %v", err)
+	}
+	for i := 0; i < len(res); i += 2 {
+		if res[i].Claim.Outcome != idem.OutcomeAcquired || res[i+1].Claim.Outcome != idem.OutcomeInProgress {
+			t.Fatalf("entries %d,%d: %v %v", i, i+1, res[i].Claim.Outcome, res[i+1].Claim.Outcome)
+		}
+	}
+
+	// Kill one replica: its master cannot get an acknowledgement.
+	var victim *redistest.Server
+	for _, n := range cl.Nodes {
+		nc := redis.NewClient(&redis.Options{Addr: n.Addr()})
+		info, _ := nc.Info(ctx, "replication").Result()
+		nc.Close()
+		if strings.Contains(info, "role:slave") {
+			victim = n
+			break
+		}
+	}
+	if victim == nil {
+		t.Fatal("no replica found")
+	}
+	victim.Stop()
+	short := mustNew(t, redisstore.Config{Client: c, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	reqs = reqs[:0]
+	for i := range 64 {
+		reqs = append(reqs, claimReq("w"+strconv.Itoa(i)))
+	}
+	if _, err := short.ClaimBatch(ctx, reqs); !errors.Is(err, idem.ErrUnknownOutcome) {
+		t.Fatalf("ClaimBatch with a replica down: %v, want ErrUnknownOutcome", err)
+	}
+}

@@ -29,7 +29,7 @@ func TestConfigValidate(t *testing.T) {
 		{"too many shards", Config{Client: c, Shards: MaxShards + 1}, false},
 		{"negative shards", Config{Client: c, Shards: -1}, false},
 		{"negative wait", Config{Client: c, WaitReplicas: -1}, false},
-		{"wait on cluster", Config{Client: cc, WaitReplicas: 1}, false},
+		{"wait on cluster", Config{Client: cc, WaitReplicas: 1}, true},
 		{"wait on single", Config{Client: c, WaitReplicas: 1}, true},
 		{"chunk too big", Config{Client: c, BatchChunk: 5000}, false},
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -24,7 +25,8 @@ type call struct {
 // ClusterClient splits it by node and keeps the order per node). Scripts
 // missing from a node's cache (NOSCRIPT: restart, SCRIPT FLUSH) are re-sent
 // with EVAL in a second round trip, in order. With WaitReplicas, a WAIT
-// follows the scripts on the same connection.
+// follows the scripts on the same connection; on a cluster that means one
+// pipeline per master, run in parallel.
 func (s *Store) run(ctx context.Context, calls []*call, op string) error {
 	if len(calls) == 1 && s.cfg.WaitReplicas == 0 {
 		c := calls[0]
@@ -34,10 +36,22 @@ func (s *Store) run(ctx context.Context, calls []*call, op string) error {
 		}
 		return nil
 	}
+	if cc, ok := s.client.(*redis.ClusterClient); ok && s.cfg.WaitReplicas > 0 {
+		return s.runPerMaster(ctx, cc, calls, op)
+	}
+	applied, err := s.pipeline(ctx, s.client, calls, op)
+	return partial(applied, len(calls), err)
+}
+
+type pipeliner interface{ Pipeline() redis.Pipeliner }
+
+// pipeline runs calls on p in one round trip (two after NOSCRIPT) and says
+// how many scripts ran.
+func (s *Store) pipeline(ctx context.Context, p pipeliner, calls []*call, op string) (int, error) {
 	pending := calls
 	applied := 0
 	for attempt := 0; len(pending) > 0; attempt++ {
-		pipe := s.client.Pipeline()
+		pipe := p.Pipeline()
 		for _, c := range pending {
 			if attempt == 0 {
 				c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
@@ -67,25 +81,74 @@ func (s *Store) run(ctx context.Context, calls []*call, op string) error {
 			}
 		}
 		if first != nil {
-			err := mapErr(ctx, first, op, true)
-			if applied > 0 && !errors.Is(err, idem.ErrUnknownOutcome) {
-				// Some scripts ran (another node, an earlier chunk): the
-				// batch as a whole was partly applied.
-				err = fmt.Errorf("%w: %d of %d scripts applied: %w", idem.ErrUnknownOutcome, applied, len(calls), err)
-			}
-			return err
+			return applied, mapErr(ctx, first, op, true)
 		}
 		if wait != nil && len(retry) < len(pending) {
 			n, err := wait.Int64()
 			if err != nil {
-				return fmt.Errorf("%w: redisstore: %s: WAIT: %w", idem.ErrUnknownOutcome, op, err)
+				return applied, fmt.Errorf("%w: redisstore: %s: WAIT: %w", idem.ErrUnknownOutcome, op, err)
 			}
 			if int(n) < s.cfg.WaitReplicas {
-				return fmt.Errorf("%w: redisstore: %s: applied on the master but only %d of %d replicas acknowledged within %s",
+				return applied, fmt.Errorf("%w: redisstore: %s: applied on the master but only %d of %d replicas acknowledged within %s",
 					idem.ErrUnknownOutcome, op, n, s.cfg.WaitReplicas, s.cfg.WaitTimeout)
 			}
 		}
 		pending = retry
+	}
+	return applied, nil
+}
+
+// partial turns an error after some scripts ran into ErrUnknownOutcome:
+// the call as a whole was partly applied.
+func partial(applied, total int, err error) error {
+	if err == nil || applied == 0 || errors.Is(err, idem.ErrUnknownOutcome) {
+		return err
+	}
+	return fmt.Errorf("%w: %d of %d scripts applied: %w", idem.ErrUnknownOutcome, applied, total, err)
+}
+
+// runPerMaster groups calls by the master that owns their slot and runs one
+// pipeline per master, each ending with WAIT on its own connection. A
+// redirect (MOVED/ASK: the slot moved since the client last looked) is
+// ErrUnavailable for that group, and the client's slot map is reloaded.
+func (s *Store) runPerMaster(ctx context.Context, cc *redis.ClusterClient, calls []*call, op string) error {
+	type group struct {
+		m     *redis.Client
+		calls []*call
+	}
+	var groups []*group
+	byMaster := map[*redis.Client]*group{}
+	for _, c := range calls {
+		m, err := cc.MasterForKey(ctx, c.keys[0])
+		if err != nil {
+			return mapErr(ctx, err, op, false) // nothing sent yet
+		}
+		g := byMaster[m]
+		if g == nil {
+			g = &group{m: m}
+			byMaster[m] = g
+			groups = append(groups, g)
+		}
+		g.calls = append(g.calls, c)
+	}
+	applied := make([]int, len(groups))
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		wg.Go(func() { applied[i], errs[i] = s.pipeline(ctx, g.m, g.calls, op) })
+	}
+	wg.Wait()
+	total := 0
+	for _, n := range applied {
+		total += n
+	}
+	for _, err := range errs {
+		if err != nil {
+			if redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") {
+				cc.ReloadState(ctx)
+			}
+			return partial(total, len(calls), err)
+		}
 	}
 	return nil
 }

@@ -163,9 +163,17 @@ func (c *Cluster) Addrs() []string {
 // cluster_state:ok on every node and stops them all in t.Cleanup.
 func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
+	return StartClusterReplicas(t, masters, 0)
+}
+
+// StartClusterReplicas is StartCluster with replicas per master; it also
+// waits until every replica's link to its master is up. Nodes[:masters]
+// are the masters as redis-cli assigns them (the first ones listed).
+func StartClusterReplicas(t testing.TB, masters, replicas int) *Cluster {
+	t.Helper()
 	cli := binary(t, "redis-cli")
 	c := &Cluster{}
-	for range masters {
+	for range masters * (1 + replicas) {
 		dir := t.TempDir()
 		n := StartServer(t, "--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
@@ -173,7 +181,7 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 		c.Nodes = append(c.Nodes, n)
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
@@ -193,7 +201,31 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	for replicas > 0 {
+		up := 0
+		for _, n := range c.Nodes {
+			if linkUp(n.Addr()) {
+				up++
+			}
+		}
+		if up == masters*replicas {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: %d of %d replicas linked", up, masters*replicas)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return c
+}
+
+func linkUp(addr string) bool {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "replication").Result()
+	return err == nil && strings.Contains(info, "master_link_status:up")
 }
 
 func clusterState(addr string) (string, error) {
