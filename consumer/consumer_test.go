@@ -729,3 +729,45 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestLeaseLossCancelsHandler: when the guard's heartbeat finds the claim
+// gone, the running handler's context is cancelled with ErrLeaseLost and
+// the delivery is nak'ed, not acked.
+func TestLeaseLossCancelsHandler(t *testing.T) {
+	e := newEnv(t)
+	g, err := idem.NewGuard(e.store, idem.WithLease(200*time.Millisecond), idem.WithHeartbeat(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	cfg := e.config(e.sub("g"))
+	cfg.Guard = g
+	cause := make(chan error, 1)
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		if m.Delivery > 1 {
+			return nil, nil
+		}
+		// An operator deletes the record while the handler runs.
+		if err := e.store.Delete(context.Background(), []byte(m.ID)); err != nil {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			cause <- context.Cause(ctx)
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Second):
+			cause <- nil
+			return nil, nil
+		}
+	}
+	c, _ := consumer.New(cfg)
+	run(t, c)
+	e.publish(msg("lost", "x"))
+	if err := <-cause; !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("handler context cause = %v, want ErrLeaseLost", err)
+	}
+	waitFor(t, "the nak", func() bool { return len(e.log.Naks("lost")) >= 1 })
+	if e.log.Acks("lost") > 0 && len(e.log.Naks("lost")) == 0 {
+		t.Fatal("acked a delivery whose claim was lost")
+	}
+}
