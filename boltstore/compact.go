@@ -48,7 +48,7 @@ func Compact(src, dst string, lockTimeout time.Duration) error {
 		return fmt.Errorf("boltstore: compact %s: %w", src, err)
 	}
 	defer in.Close()
-	if err := verify(in); err != nil {
+	if _, err := verify(in); err != nil {
 		return fmt.Errorf("boltstore: compact %s: %w", src, err)
 	}
 	out, err := openBolt(dst, cfg.FileMode, &bbolt.Options{Timeout: cfg.LockTimeout, FreelistType: bbolt.FreelistMapType})
@@ -57,7 +57,7 @@ func Compact(src, dst string, lockTimeout time.Duration) error {
 	}
 	err = bbolt.Compact(out, in, 64<<20)
 	if err == nil {
-		err = verify(out)
+		_, err = verify(out)
 	}
 	if cerr := out.Close(); err == nil {
 		err = cerr

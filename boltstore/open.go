@@ -175,7 +175,11 @@ func openFile(cfg *Config) (*bbolt.DB, error) {
 	// Check before the first write: nothing is written over a damaged file.
 	fresh, err := checkFormat(db)
 	if err == nil && existed && !cfg.SkipVerify {
-		err = verify(db)
+		var fix map[string][4]int64
+		if fix, err = verify(db); err == nil && len(fix) > 0 {
+			cfg.Logger.Warn("boltstore: per-state counts did not match the records; rewritten", "path", path, "namespaces", len(fix))
+			err = fixCounts(db, fix)
+		}
 	}
 	if err == nil && fresh {
 		err = stampFormat(db)
@@ -232,15 +236,17 @@ func stampFormat(db *bbolt.DB) error {
 }
 
 // verify runs bbolt's consistency check (every page reachable or free, keys
-// ordered) and decodes every record.
-func verify(db *bbolt.DB) (err error) {
+// ordered), decodes every record and checks each namespace (verifySpace).
+// It returns the per-state counts of the namespaces whose stored counts are
+// off: they only feed Stats, so Open rewrites them rather than refuse.
+func verify(db *bbolt.DB) (fix map[string][4]int64, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: reading it failed: %v", ErrCorrupt, r)
 		}
 	}()
-	return db.View(func(tx *bbolt.Tx) error {
+	err = db.View(func(tx *bbolt.Tx) error {
 		var errs []error
 		for e := range tx.Check() {
 			if len(errs) < 5 {
@@ -257,16 +263,72 @@ func verify(db *bbolt.DB) (err error) {
 			if len(name) < len(nsPrefix) || string(name[:len(nsPrefix)]) != nsPrefix {
 				return fmt.Errorf("%w: unknown bucket %q", ErrCorrupt, name)
 			}
-			r := b.Bucket(recordsBucket)
-			if r == nil || b.Bucket(expiryBucket) == nil || b.Bucket(progressIndex) == nil {
+			sp := space{ns: b, r: b.Bucket(recordsBucket), x: b.Bucket(expiryBucket), p: b.Bucket(progressIndex)}
+			if sp.r == nil || sp.x == nil || sp.p == nil {
 				return fmt.Errorf("%w: namespace bucket %q lacks a sub-bucket", ErrCorrupt, name)
 			}
-			return r.ForEach(func(k, v []byte) error {
-				if _, err := decode(k, v); err != nil {
-					return fmt.Errorf("%w: namespace %q key %q: %w", ErrCorrupt, name[len(nsPrefix):], k, err)
+			counts, err := verifySpace(name[len(nsPrefix):], sp)
+			if err == nil && counts != sp.counts() {
+				if fix == nil {
+					fix = map[string][4]int64{}
 				}
-				return nil
-			})
+				fix[string(name)] = counts
+			}
+			return err
 		})
 	})
+	return fix, err
+}
+
+// fixCounts rewrites the stored counts verify found wrong.
+func fixCounts(db *bbolt.DB, fix map[string][4]int64) error {
+	return db.Update(func(tx *bbolt.Tx) error {
+		for name, c := range fix {
+			b := tx.Bucket([]byte(name))
+			if b == nil {
+				continue
+			}
+			v := make([]byte, 32)
+			for i := range c {
+				binary.BigEndian.PutUint64(v[8*i:], uint64(c[i]))
+			}
+			if err := b.Put(countsKey, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// verifySpace decodes every record of a namespace and checks what no
+// checksum covers: the token counter is at least every stored token (a
+// lower one would reissue tokens), the counts match the records, and each
+// index has one entry per record it indexes.
+func verifySpace(ns []byte, sp space) ([4]int64, error) {
+	var (
+		counts   [4]int64
+		maxToken uint64
+	)
+	err := sp.r.ForEach(func(k, v []byte) error {
+		r, err := decode(k, v)
+		if err != nil {
+			return fmt.Errorf("%w: namespace %q key %q: %w", ErrCorrupt, ns, k, err)
+		}
+		counts[r.state-idem.StateInProgress]++
+		maxToken = max(maxToken, r.token)
+		return nil
+	})
+	if err != nil {
+		return counts, err
+	}
+	if seq := sp.ns.Sequence(); seq < maxToken {
+		return counts, fmt.Errorf("%w: namespace %q: token counter %d is below a stored token %d", ErrCorrupt, ns, seq, maxToken)
+	}
+	nx, np := 0, 0
+	_ = sp.x.ForEach(func(_, _ []byte) error { nx++; return nil })
+	_ = sp.p.ForEach(func(_, _ []byte) error { np++; return nil })
+	if total := counts[0] + counts[1] + counts[2] + counts[3]; int64(nx) != total || int64(np) != counts[0] {
+		return counts, fmt.Errorf("%w: namespace %q: %d records (%d in progress) but %d expiry and %d in-progress index entries", ErrCorrupt, ns, total, counts[0], nx, np)
+	}
+	return counts, nil
 }
