@@ -87,6 +87,10 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) {
 	if len(claims) == 0 {
 		return
 	}
+	if c.cfg.TxBatchHandler != nil {
+		c.processTxBatch(ctx, claims)
+		return
+	}
 	items := make([]idem.BatchItem, len(claims))
 	for i, d := range claims {
 		items[i] = idem.BatchItem{Key: d.key, Fingerprint: d.fp}

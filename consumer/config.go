@@ -105,10 +105,12 @@ type Config struct {
 	Subscriber broker.Subscriber
 	// Guard decides which messages are new (required).
 	Guard *idem.Guard
-	// Exactly one of Handler and BatchHandler.
-	Handler      Handler
-	BatchHandler BatchHandler
-	Batch        BatchConfig
+	// Exactly one of Handler, BatchHandler and TxBatchHandler (the batch
+	// ones use Batch).
+	Handler        Handler
+	BatchHandler   BatchHandler
+	TxBatchHandler TxBatchHandler
+	Batch          BatchConfig
 
 	// Key extracts the idempotency key. Default MessageIDKey.
 	Key KeyFunc
@@ -241,8 +243,14 @@ func (c Config) Validate() error {
 	if c.Guard == nil {
 		errs = append(errs, errors.New("Guard is required"))
 	}
-	if (c.Handler == nil) == (c.BatchHandler == nil) {
-		errs = append(errs, errors.New("set exactly one of Handler and BatchHandler"))
+	handlers := 0
+	for _, set := range []bool{c.Handler != nil, c.BatchHandler != nil, c.TxBatchHandler != nil} {
+		if set {
+			handlers++
+		}
+	}
+	if handlers != 1 {
+		errs = append(errs, errors.New("set exactly one of Handler, BatchHandler and TxBatchHandler"))
 	}
 	if c.MaxAttempts < 0 || c.InProcessRetries < 0 || c.Workers < 0 || c.MaxInFlight < 0 ||
 		c.FetchBatch < 0 || c.Batch.Size < 0 || c.Batch.SettleConcurrency < 0 {

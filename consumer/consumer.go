@@ -125,7 +125,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if c.cfg.BatchHandler != nil {
+			if c.cfg.BatchHandler != nil || c.cfg.TxBatchHandler != nil {
 				c.batchWorker(workCtx, queues[i])
 			} else {
 				c.worker(workCtx, queues[i])
@@ -424,6 +424,7 @@ func (c *Consumer) completed(ctx context.Context, d *delivery, err error) {
 	switch {
 	case err == nil:
 		c.stats.handled.Add(1)
+		c.stats.duplicates.Add(int64(len(d.followers))) // same key later in the batch
 		c.ack(ctx, d)
 	case errors.Is(err, idem.ErrUnrecorded):
 		// The effect is done; acking avoids an immediate re-run. A

@@ -29,8 +29,12 @@
 // workers; at most MaxInFlight messages are fetched and unsettled at once.
 // Run drains on shutdown. With a BatchHandler, each worker buffers up to
 // Batch.Size messages or Batch.Wait, claims them in one store round trip
-// (idem.Guard.AcquireBatch) and runs the handler on the new ones. Steps
-// builds multi-step flows that resume at the first unfinished step.
+// (idem.Guard.AcquireBatch) and runs the handler on the new ones. With a
+// TxBatchHandler the handler claims, applies and completes the batch in one
+// transaction of the database that holds both the effects and the records
+// (invariant 2; e.g. pgstore's ClaimBatchTx and CompleteTx) and the runtime
+// settles each message from the outcome it reports. Steps builds
+// multi-step flows that resume at the first unfinished step.
 //
 // broker/membroker is an in-memory broker for tests and examples.
 package consumer
