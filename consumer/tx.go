@@ -130,4 +130,3 @@ func (c *Consumer) runTxHandler(ctx context.Context, items []TxItem, ds []*deliv
 	}()
 	return c.cfg.TxBatchHandler(hctx, items)
 }
-
