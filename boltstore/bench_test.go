@@ -273,3 +273,25 @@ func BenchmarkClaimRandomKeys(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkClaimManyCallers: single claims from 512 callers (a consumer with
+// many handlers in flight). Group commit carries up to one claim per caller,
+// so more callers fill commits further.
+func BenchmarkClaimManyCallers(b *testing.B) {
+	for _, tg := range []struct {
+		name string
+		open func(b *testing.B) claimer
+	}{
+		{"boltstore-group", func(b *testing.B) claimer { return storeClaimer{benchStore(b, FsyncGroup)} }},
+		{"bbolt-update-per-claim", openBaseline},
+	} {
+		b.Run("callers=512/"+tg.name, func(b *testing.B) {
+			c := tg.open(b)
+			benchClaims(b, c, 512, 1)
+			if sc, ok := c.(storeClaimer); ok {
+				bs := sc.s.(*Store)
+				b.ReportMetric(float64(bs.b.committedOps.Load())/float64(bs.b.commits.Load()), "ops/commit")
+			}
+		})
+	}
+}
