@@ -21,5 +21,8 @@
 // with idem.ErrUnavailable and an fsync failure disables writes until the
 // store is reopened; reads keep working throughout.
 //
+// bbolt reuses freed pages but never shrinks the file; Compact copies a
+// closed store into a packed file.
+//
 // See docs/boltstore.md for the file layout and the operational trade-offs.
 package boltstore
