@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measuring time per cell")
 	fs.StringVar(&layouts, "layouts", "single,sharded,time_partitioned,time_ordered", "layouts to measure")
 	fs.StringVar(&callers, "callers", "1,8,32", "concurrent callers per cell")
-	fs.StringVar(&modes, "modes", "single,batch,raw,seed", "single (Claim), batch (ClaimBatch), raw (INSERT ON CONFLICT DO NOTHING), seed (COUNT(*) CONCAT then INSERT)")
+	fs.StringVar(&modes, "modes", "single,batch,raw,raw1,seed", "single (Claim), batch (ClaimBatch), raw (multi-row INSERT ON CONFLICT DO NOTHING), raw1 (one-row INSERT ON CONFLICT DO NOTHING per commit), seed (COUNT(*) CONCAT then INSERT)")
 	fs.IntVar(&o.batch, "batch", 100, "batch size for batch and raw")
 	fs.IntVar(&o.shards, "shards", 16, "shards for the sharded layout")
 	fs.IntVar(&o.seedMax, "seed-callers", 8, "at most this many callers for the seed approach (each call scans the table)")
@@ -136,7 +136,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "| layout | mode | callers | claims/s | p50 ms | p99 ms | vs raw (same callers) |")
+	fmt.Fprintln(out, "| layout | mode | callers | claims/s | p50 ms | p99 ms | vs raw, same callers (batch: multi-row; Claim: one-row) |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|")
 	for _, ln := range o.layouts {
 		l, err := pgstore.ParseLayout(ln)
@@ -282,7 +282,7 @@ func benchLayout(ctx context.Context, pool *pgxpool.Pool, schema string, l pgsto
 	runID := hex.EncodeToString(func() []byte { var b [3]byte; _, _ = rand.Read(b[:]); return b[:] }())
 	raw := rawInserter(cfg, timed)
 	var modes []string
-	for _, m := range []string{"raw", "batch", "single"} {
+	for _, m := range []string{"raw", "batch", "raw1", "single"} {
 		if slices.Contains(o.modes, m) {
 			modes = append(modes, m)
 		}
@@ -310,7 +310,11 @@ func benchLayout(ctx context.Context, pool *pgxpool.Pool, schema string, l pgsto
 		for _, mode := range modes {
 			r := res[mode]
 			ratio := "-"
-			if rr := res["raw"]; rr != nil && mode != "raw" {
+			base := res["raw"]
+			if mode == "single" || mode == "raw1" {
+				base = res["raw1"] // a single claim beside a single-row insert
+			}
+			if rr := base; rr != nil && mode != "raw" && mode != "raw1" {
 				ratio = fmt.Sprintf("%.0f%%", 100*r.rate()/rr.rate())
 			}
 			fmt.Fprintf(out, "| %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", l, modeName(mode, o.batch), callers, r.rate(), r.pct(0.50), r.pct(0.99), ratio)
@@ -354,6 +358,11 @@ func benchOp(mode string, store *pgstore.Store, pool *pgxpool.Pool, raw func(con
 			return len(res), nil
 		}
 	}
+	if mode == "raw1" {
+		return func(ctx context.Context, caller int, seq *int64) (int, error) {
+			return 1, raw(ctx, pool, [][]byte{keys(caller, seq)})
+		}
+	}
 	return func(ctx context.Context, caller int, seq *int64) (int, error) {
 		ks := make([][]byte, batch)
 		for i := range ks {
@@ -369,6 +378,8 @@ func modeName(mode string, batch int) string {
 		return fmt.Sprintf("ClaimBatch(%d)", batch)
 	case "raw":
 		return fmt.Sprintf("raw INSERT ON CONFLICT DO NOTHING (%d rows)", batch)
+	case "raw1":
+		return "raw INSERT ON CONFLICT DO NOTHING (1 row)"
 	}
 	return "Claim"
 }
