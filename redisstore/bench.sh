@@ -8,8 +8,9 @@
 #
 # For each caller count C in 1 8 64 and each round, back to back:
 #   redis-benchmark -c C -P 1  SET k x NX PX 60000   vs  Claim      (C goroutines)
+#                                                      and Claim with CoalesceClaims
 #   redis-benchmark -c C -P 64 SET k x NX PX 60000   vs  ClaimBatch (C goroutines, 64 keys each)
-# Targets: single >= 80% of -P 1, batch >= 50% of -P 64.
+# Targets: single (and coalesced) >= 80% of -P 1, batch >= 50% of -P 64.
 set -euo pipefail
 cd "$(dirname "$0")"
 ROUNDS=${ROUNDS:-3}
@@ -46,7 +47,7 @@ ours() { # sub-benchmark count -> "claims/s p50µs p99µs"
 }
 
 echo "server: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port; $(nproc) CPUs; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-6s %-7s %5s | %12s %8s %8s | %12s %8s %8s | %6s\n' round mode C "SET NX/s" p50ms p99ms "claims/s" p50ms p99ms ratio
+printf '%-6s %-9s %3s | %12s %8s %8s | %12s %8s %8s | %6s\n' round mode C "SET NX/s" p50ms p99ms "claims/s" p50ms p99ms ratio
 res="$tmp/results"
 for r in $(seq "$ROUNDS"); do
   for c in 1 8 64; do
@@ -56,7 +57,13 @@ for r in $(seq "$ROUNDS"); do
     read -r ors op50 op99 < <(ours "single/callers=$c" "$n1")
     echo "single $c $brps $ors" >>"$res"
     echo "single $c $setus $(usec evalsha)" >>"$tmp/cpu"
-    printf '%-6s %-7s %5s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" single "$c" \
+    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" single "$c" \
+      "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
+    reset
+    read -r ors op50 op99 < <(ours "coalesced/callers=$c" "$n1")
+    echo "coalesced $c $brps $ors" >>"$res"
+    echo "coalesced $c $setus $(usec evalsha)" >>"$tmp/cpu"
+    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" coalesced "$c" \
       "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
     n2=$((c == 1 ? 200000 : 400000))
     read -r brps bp50 bp99 < <(rb "$c" 64 "$n2")
@@ -64,25 +71,26 @@ for r in $(seq "$ROUNDS"); do
     read -r ors op50 op99 < <(ours "batch64/callers=$c" "$n2")
     echo "batch $c $brps $ors" >>"$res"
     echo "batch $c $setus $(echo "$(usec evalsha)/64" | bc -l)" >>"$tmp/cpu"
-    printf '%-6s %-7s %5s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" batch64 "$c" \
+    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" batch64 "$c" \
       "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
   done
 done
 echo
 echo "medians over $ROUNDS rounds (ratio = median of the per-round ratios; target single >= 80%, batch >= 50%)"
-for mode in single batch; do
+for mode in single coalesced batch; do
   for c in 1 8 64; do
     awk -v m="$mode" -v c="$c" '$1==m && $2==c {print $3, $4, $4/$3}' "$res" >"$tmp/sel"
     med() { sort -g -k"$1" "$tmp/sel" | awk -v k="$1" '{v[NR]=$k} END {print v[int((NR+1)/2)]}'; }
-    printf '%-7s C=%-3s SET NX %10.0f/s  claims %10.0f/s  ratio %4.0f%%\n' "$mode" "$c" "$(med 1)" "$(med 2)" "$(echo "100*$(med 3)" | bc -l)"
+    printf '%-9s C=%-3s SET NX %10.0f/s  claims %10.0f/s  ratio %4.0f%%\n' "$mode" "$c" "$(med 1)" "$(med 2)" "$(echo "100*$(med 3)" | bc -l)"
   done
 done
 echo
-echo "server CPU per operation (INFO commandstats usec_per_call, medians; batch: per claim = per script / 64)"
-for mode in single batch; do
+echo "server CPU per operation (INFO commandstats usec_per_call, medians; batch: per claim = per script / 64;"
+echo "coalesced: per script, which carries a varying number of claims)"
+for mode in single coalesced batch; do
   for c in 1 8 64; do
     awk -v m="$mode" -v c="$c" '$1==m && $2==c {print $3, $4, $4/$3}' "$tmp/cpu" >"$tmp/sel"
     med() { sort -g -k"$1" "$tmp/sel" | awk -v k="$1" '{v[NR]=$k} END {print v[int((NR+1)/2)]}'; }
-    printf '%-7s C=%-3s SET NX %6.2f us  claim %6.2f us  (claim/SET %4.1fx)\n' "$mode" "$c" "$(med 1)" "$(med 2)" "$(med 3)"
+    printf '%-9s C=%-3s SET NX %6.2f us  claim %6.2f us  (claim/SET %4.1fx)\n' "$mode" "$c" "$(med 1)" "$(med 2)" "$(med 3)"
   done
 done

@@ -27,27 +27,29 @@ func benchAddr() string {
 }
 
 // BenchmarkClaim measures claims of new keys (the common path: a first
-// delivery) with 1, 8 and 64 concurrent callers, one key per Claim or 64
-// keys per ClaimBatch. It reports claims/s and the p50/p99 latency of one
+// delivery) with 1, 8 and 64 concurrent callers: one key per Claim
+// (single), one key per Claim with Config.CoalesceClaims (coalesced), or 64
+// keys per ClaimBatch (batch64). It reports claims/s and the p50/p99 latency of one
 // call. bench.sh runs it beside redis-benchmark SET NX.
 func BenchmarkClaim(b *testing.B) {
 	for _, mode := range []struct {
-		name  string
-		batch int
-	}{{"single", 1}, {"batch64", 64}} {
+		name     string
+		batch    int
+		coalesce bool
+	}{{"single", 1, false}, {"coalesced", 1, true}, {"batch64", 64, false}} {
 		for _, callers := range []int{1, 8, 64} {
 			b.Run(fmt.Sprintf("%s/callers=%d", mode.name, callers), func(b *testing.B) {
-				benchClaims(b, callers, mode.batch)
+				benchClaims(b, callers, mode.batch, mode.coalesce)
 			})
 		}
 	}
 }
 
-func benchClaims(b *testing.B, callers, batch int) {
+func benchClaims(b *testing.B, callers, batch int, coalesce bool) {
 	client := redis.NewClient(&redis.Options{Addr: benchAddr(), PoolSize: callers + 4, MaxRetries: -1})
 	defer client.Close()
 	prefix := uniquePrefix()
-	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, SkipChecks: true})
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, SkipChecks: true, CoalesceClaims: coalesce})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -68,9 +68,16 @@ func dropPrefix(t testing.TB, c redis.UniversalClient, prefix string) {
 // factory builds stores on client with a prefix of their own, all sharing
 // the backend, and drops their keys in cleanup.
 func factory(client redis.UniversalClient) storetest.Factory {
+	return factoryCfg(redisstore.Config{Client: client})
+}
+
+func factoryCfg(base redisstore.Config) storetest.Factory {
+	client := base.Client
 	return func(t testing.TB, ns string) idem.Store {
 		prefix := "idemtest-conf:"
-		s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Namespace: ns, Prefix: prefix})
+		cfg := base
+		cfg.Namespace, cfg.Prefix = ns, prefix
+		s, err := redisstore.New(context.Background(), cfg)
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
@@ -88,6 +95,12 @@ var features = storetest.Features{Batch: true, Purge: true, List: true, Stats: t
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, factory(sharedClient(t)), features)
+}
+
+// TestConformanceCoalesced runs the suite with CoalesceClaims: concurrent
+// claims share batch scripts and must still behave one by one.
+func TestConformanceCoalesced(t *testing.T) {
+	storetest.Run(t, factoryCfg(redisstore.Config{Client: sharedClient(t), CoalesceClaims: true}), features)
 }
 
 func TestConformanceCluster(t *testing.T) {

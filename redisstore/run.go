@@ -163,6 +163,10 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
+	return s.claimBatch(ctx, reqs)
+}
+
+func (s *Store) claimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
 	out := make([]idem.BatchResult, len(reqs))
 	type group struct {
 		idx  []int

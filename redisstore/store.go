@@ -23,6 +23,7 @@ type Store struct {
 	cluster bool
 	base    string // Prefix + Namespace + ":{"
 	closed  atomic.Bool
+	co      *coalescer // nil unless Config.CoalesceClaims
 }
 
 var (
@@ -53,7 +54,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 
 func newStore(cfg Config) *Store {
 	_, cluster := cfg.Client.(*redis.ClusterClient)
-	return &Store{cfg: cfg, client: cfg.Client, cluster: cluster, base: cfg.Prefix + cfg.Namespace + ":{"}
+	s := &Store{cfg: cfg, client: cfg.Client, cluster: cluster, base: cfg.Prefix + cfg.Namespace + ":{"}
+	if cfg.CoalesceClaims {
+		s.co = &coalescer{s: s}
+	}
+	return s
 }
 
 // Namespace returns a Store for another namespace on the same client and
@@ -169,6 +174,9 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	}
 	if err := s.begin(ctx); err != nil {
 		return idem.Claim{}, err
+	}
+	if s.co != nil {
+		return s.co.claim(ctx, req)
 	}
 	rk, sk := s.keysOf(req.Key)
 	c := &call{script: claimScript, keys: []string{rk, sk}, args: claimArgs(nil, req)}

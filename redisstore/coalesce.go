@@ -1,0 +1,116 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/idem-dev/idem"
+)
+
+// maxCoalesce bounds the claims one coalesced script carries.
+const maxCoalesce = 256
+
+// coalescer merges concurrent Claim calls into batch scripts, like a group
+// commit: while one batch is in flight, new claims queue; when it returns,
+// everything queued goes in the next one. A lone caller never waits for
+// anyone, so latency at low concurrency is unchanged, and under load each
+// claim costs Redis a share of one script call instead of a whole one.
+type coalescer struct {
+	s       *Store
+	mu      sync.Mutex
+	queue   []*waiter
+	running bool
+}
+
+type waiter struct {
+	req  idem.ClaimRequest
+	ctx  context.Context
+	sent bool // guarded by coalescer.mu
+	done chan struct{}
+	res  idem.BatchResult
+	err  error
+}
+
+// claim queues req and waits for its result. A caller whose context ends
+// while its claim is queued gets the context's error (nothing was sent);
+// once sent, it gets ErrUnknownOutcome (the claim may have been applied).
+func (co *coalescer) claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	w := &waiter{req: req, ctx: ctx, done: make(chan struct{})}
+	co.mu.Lock()
+	co.queue = append(co.queue, w)
+	if !co.running {
+		co.running = true
+		go co.loop()
+	}
+	co.mu.Unlock()
+	select {
+	case <-w.done:
+		if w.err != nil {
+			return idem.Claim{}, w.err
+		}
+		return w.res.Claim, w.res.Err
+	case <-ctx.Done():
+		co.mu.Lock()
+		sent := w.sent
+		if !sent {
+			w.req.Key = nil // the loop skips it
+		}
+		co.mu.Unlock()
+		if !sent {
+			return idem.Claim{}, ctx.Err()
+		}
+		return idem.Claim{}, fmt.Errorf("%w: redisstore: claim: %w", idem.ErrUnknownOutcome, ctx.Err())
+	}
+}
+
+// loop sends batches until the queue is empty, then exits (no goroutine
+// lingers on an idle store).
+func (co *coalescer) loop() {
+	for {
+		co.mu.Lock()
+		var batch []*waiter
+		n := 0
+		for n < len(co.queue) && len(batch) < maxCoalesce {
+			w := co.queue[n]
+			n++
+			if w.req.Key == nil { // caller gave up before it was sent
+				continue
+			}
+			w.sent = true
+			batch = append(batch, w)
+		}
+		co.queue = co.queue[n:]
+		if len(co.queue) == 0 {
+			co.queue = nil
+		}
+		if len(batch) == 0 && len(co.queue) == 0 {
+			co.running = false
+			co.mu.Unlock()
+			return
+		}
+		co.mu.Unlock()
+		if len(batch) > 0 {
+			co.send(batch)
+		}
+	}
+}
+
+func (co *coalescer) send(batch []*waiter) {
+	reqs := make([]idem.ClaimRequest, len(batch))
+	for i, w := range batch {
+		reqs[i] = w.req
+	}
+	// The batch outlives any one caller's context: each caller stops
+	// waiting on its own (see claim); the client's timeouts bound it.
+	ctx := context.WithoutCancel(batch[0].ctx)
+	res, err := co.s.claimBatch(ctx, reqs)
+	for i, w := range batch {
+		if err != nil {
+			w.err = err
+		} else {
+			w.res = res[i]
+		}
+		close(w.done)
+	}
+}
