@@ -2,10 +2,12 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 )
 
@@ -15,7 +17,8 @@ import (
 // them (with pgstore: ClaimBatchTx, the effect, CompleteTx), then reports
 // one outcome per item, in order. The runtime claims nothing itself; it
 // settles each message from its outcome. An error means the transaction
-// rolled back and nothing happened.
+// rolled back and nothing happened; wrap idem.ErrUnavailable in it when the
+// database is unreachable, so fetching pauses as for a store outage.
 //
 // Without guard claims the attempt count is the broker's delivery count
 // (Message.Delivery): after MaxAttempts deliveries a failing message is
@@ -72,6 +75,9 @@ func (c *Consumer) processTxBatch(ctx context.Context, claims []*delivery) {
 		}
 	}
 	if err != nil {
+		if errors.Is(err, idem.ErrUnavailable) {
+			c.storeDown() // the database is unreachable: pause fetching too
+		}
 		c.log.Warn("consumer: transactional batch failed as a whole", "messages", len(claims), "err", err)
 		for _, d := range claims {
 			c.txRetry(ctx, d, err, c.cfg.Batch.OnFailure == BatchDeadLetter)

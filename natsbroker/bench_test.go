@@ -26,13 +26,15 @@ import (
 //   - guard-pgstore: the same with the guard on pgstore, records durable
 //     in the same PostgreSQL (a batch claim statement per batch, one
 //     complete statement per message, 8 in parallel);
+//   - tx-pgstore: a TxBatchHandler: claims (ClaimBatchTx), COPY and
+//     completions (CompleteTx) in one transaction per batch: invariant 2;
 //   - baseline: the same fetch / COPY / ack pipeline with the same
 //     parallelism and no guard at all.
 //
 // b.N messages are published before the timer starts (no duplicates).
 // Use a fixed count: -benchtime 100000x.
 func BenchmarkConsumeBatchPG(b *testing.B) {
-	for _, variant := range []string{"baseline", "guard", "guard-pgstore"} {
+	for _, variant := range []string{"baseline", "guard", "guard-pgstore", "tx-pgstore"} {
 		b.Run(variant, func(b *testing.B) {
 			stream := newStream(b, nil)
 			pool, table := newLedger(b)
@@ -58,8 +60,13 @@ func BenchmarkConsumeBatchPG(b *testing.B) {
 				runBaseline(b, sub, insert, n, workers, batchSize)
 			default:
 				var store idem.Store
-				if variant == "guard-pgstore" {
-					store = newPGStore(b, pool, splitTable(table)[0])
+				var tx consumer.TxBatchHandler
+				if variant == "guard-pgstore" || variant == "tx-pgstore" {
+					pgs := newPGStore(b, pool, splitTable(table)[0])
+					store = pgs
+					if variant == "tx-pgstore" {
+						tx = insertBatchTx(pool, pgs, table, nil)
+					}
 				} else {
 					mem, err := memstore.New(memstore.Config{})
 					if err != nil {
@@ -68,7 +75,7 @@ func BenchmarkConsumeBatchPG(b *testing.B) {
 					defer mem.Close()
 					store = mem
 				}
-				runGuarded(b, store, sub, insert, n, workers, batchSize, func() (int, error) {
+				runGuarded(b, store, tx, sub, insert, n, workers, batchSize, func() (int, error) {
 					var c int
 					err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&c)
 					return c, err
@@ -130,7 +137,7 @@ func runBaseline(b *testing.B, sub broker.Subscriber, insert consumer.BatchHandl
 	wg.Wait()
 }
 
-func runGuarded(b *testing.B, store idem.Store, sub broker.Subscriber, insert consumer.BatchHandler, n, workers, batchSize int, rows func() (int, error)) {
+func runGuarded(b *testing.B, store idem.Store, tx consumer.TxBatchHandler, sub broker.Subscriber, insert consumer.BatchHandler, n, workers, batchSize int, rows func() (int, error)) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	guard, err := idem.NewGuard(store, idem.WithLogger(quiet))
 	if err != nil {
@@ -142,7 +149,7 @@ func runGuarded(b *testing.B, store idem.Store, sub broker.Subscriber, insert co
 	var mu sync.Mutex
 	count, batches := 0, 0
 	var inHandler time.Duration
-	c, err := consumer.New(consumer.Config{
+	cfg := consumer.Config{
 		Subscriber:  sub,
 		Guard:       guard,
 		Workers:     workers,
@@ -165,15 +172,27 @@ func runGuarded(b *testing.B, store idem.Store, sub broker.Subscriber, insert co
 			return nil
 		},
 		Logger: quiet,
-	})
+	}
+	if tx != nil {
+		cfg.BatchHandler, cfg.TxBatchHandler = nil, tx
+	}
+	c, err := consumer.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
+	if tx != nil {
+		for c.Stats().Handled < int64(n) {
+			time.Sleep(time.Millisecond)
+		}
+		handled.Done()
+	}
 	handled.Wait()
-	b.Logf("%d batches, %.0f msgs avg, %s in the handler (summed over workers)", batches, float64(count)/float64(batches), inHandler)
+	if batches > 0 {
+		b.Logf("%d batches, %.0f msgs avg, %s in the handler (summed over workers)", batches, float64(count)/float64(batches), inHandler)
+	}
 	cancel() // drains: the last batches are completed and acked
 	if err := <-done; err != nil {
 		b.Fatal(err)

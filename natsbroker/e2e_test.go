@@ -235,7 +235,11 @@ func (a *chaosAcker) Nak(ctx context.Context, d time.Duration) error {
 // unique constraint. Every message must be in the ledger exactly once.
 func TestEndToEndExactlyOnce(t *testing.T) {
 	for _, backend := range []string{"memstore", "pgstore"} {
-		for _, mode := range []string{"single", "batch"} {
+		modes := []string{"single", "batch"}
+		if backend == "pgstore" {
+			modes = append(modes, "tx") // records and effects in one transaction
+		}
+		for _, mode := range modes {
 			t.Run(backend+"/"+mode, func(t *testing.T) { testEndToEnd(t, backend, mode) })
 		}
 	}
@@ -251,9 +255,11 @@ func testEndToEnd(t *testing.T, backend, mode string) {
 	stream := newStream(t, nil)
 	pool, table := newLedger(t)
 	var base idem.Store
+	var pgs *pgstore.Store
 	if backend == "pgstore" {
 		// Records durable in PostgreSQL, in the ledger's schema.
-		base = newPGStore(t, pool, splitTable(table)[0])
+		pgs = newPGStore(t, pool, splitTable(table)[0])
+		base = pgs
 	} else {
 		mem, err := memstore.New(memstore.Config{})
 		if err != nil {
@@ -296,11 +302,16 @@ func testEndToEnd(t *testing.T, backend, mode string) {
 			StoreDownDelay:     time.Second,
 			Logger:             quiet,
 		}
-		if mode == "batch" {
+		switch mode {
+		case "batch":
 			cfg.Workers = 4
 			cfg.BatchHandler = insertBatch(pool, table)
 			cfg.Batch = consumer.BatchConfig{Size: 500, Wait: 10 * time.Millisecond}
-		} else {
+		case "tx":
+			cfg.Workers = 4
+			cfg.TxBatchHandler = insertBatchTx(pool, pgs, table, store)
+			cfg.Batch = consumer.BatchConfig{Size: 500, Wait: 10 * time.Millisecond}
+		default:
 			cfg.Handler = insertOne(pool, table)
 		}
 		c, err := consumer.New(cfg)
@@ -474,8 +485,67 @@ func orphanClaims(t *testing.T, store idem.Store, pool *pgxpool.Pool, table stri
 	return claimed
 }
 
+// insertBatchTx is the transactional batch effect (invariant 2): claims,
+// COPY of the acquired rows and completions in one transaction. While
+// outage is down the database counts as unreachable.
+func insertBatchTx(pool *pgxpool.Pool, st *pgstore.Store, table string, outage *outageStore) consumer.TxBatchHandler {
+	ident := pgx.Identifier(splitTable(table))
+	return func(ctx context.Context, items []consumer.TxItem) ([]consumer.TxOutcome, error) {
+		if outage != nil && outage.down.Load() {
+			outage.failed.Add(1)
+			return nil, fmt.Errorf("%w: injected outage", idem.ErrUnavailable)
+		}
+		out := make([]consumer.TxOutcome, len(items))
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			reqs := make([]idem.ClaimRequest, len(items))
+			for i, it := range items {
+				reqs[i] = idem.ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: 30 * time.Second, TTL: 24 * time.Hour}
+			}
+			res, err := st.ClaimBatchTx(ctx, tx, reqs)
+			if err != nil {
+				return err
+			}
+			var rows [][]any
+			var acquired []int
+			for i, r := range res {
+				switch {
+				case errors.Is(r.Err, idem.ErrFingerprintMismatch):
+					out[i] = consumer.TxOutcome{Status: consumer.TxRejected, Err: r.Err}
+				case r.Err != nil:
+					out[i] = consumer.TxOutcome{Status: consumer.TxRetry, Err: r.Err}
+				case r.Claim.Outcome == idem.OutcomeCompleted:
+					out[i] = consumer.TxOutcome{Status: consumer.TxDuplicate}
+				case r.Claim.Outcome == idem.OutcomeInProgress:
+					out[i] = consumer.TxOutcome{Status: consumer.TxInProgress, RetryAfter: time.Until(r.Claim.Record.LeaseUntil)}
+				case r.Claim.Outcome == idem.OutcomeFailed:
+					out[i] = consumer.TxOutcome{Status: consumer.TxRejected, Err: errors.New(r.Claim.Record.LastError)}
+				default:
+					rows = append(rows, []any{items[i].Msg.ID, items[i].Msg.Payload})
+					acquired = append(acquired, i)
+					out[i] = consumer.TxOutcome{Status: consumer.TxDone}
+				}
+			}
+			if len(rows) > 0 {
+				if _, err := tx.CopyFrom(ctx, ident, []string{"msg_id", "payload"}, pgx.CopyFromRows(rows)); err != nil {
+					return err
+				}
+			}
+			for _, i := range acquired {
+				if err := st.CompleteTx(ctx, tx, items[i].Key, res[i].Claim.Record.Token, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+}
+
 // newPGStore is a pgstore in schema (dropped with the ledger's schema).
-func newPGStore(t testing.TB, pool *pgxpool.Pool, schema string) idem.Store {
+func newPGStore(t testing.TB, pool *pgxpool.Pool, schema string) *pgstore.Store {
 	t.Helper()
 	cfg := pgstore.Config{Pool: pool, Schema: schema, Table: "idem_records",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
