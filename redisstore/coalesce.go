@@ -40,21 +40,34 @@ func (co *coalescer) claim(ctx context.Context, req idem.ClaimRequest) (idem.Cla
 	co.mu.Lock()
 	co.queue = append(co.queue, w)
 	if !co.running {
+		// Nobody is sending: this caller sends what is queued (usually just
+		// its own claim) without a hand-off, then passes anything that queued
+		// meanwhile to a worker goroutine.
 		co.running = true
-		go co.loop()
+		batch := co.take()
+		co.mu.Unlock()
+		co.send(batch)
+		co.mu.Lock()
+		if len(co.queue) > 0 {
+			go co.loop()
+		} else {
+			co.running = false
+		}
 	}
 	co.mu.Unlock()
 	select {
 	case <-w.done:
-		if w.err != nil {
-			return idem.Claim{}, w.err
-		}
-		return w.res.Claim, w.res.Err
+		return w.result()
 	case <-ctx.Done():
+		select {
+		case <-w.done: // the answer arrived too: prefer it
+			return w.result()
+		default:
+		}
 		co.mu.Lock()
 		sent := w.sent
 		if !sent {
-			w.req.Key = nil // the loop skips it
+			w.req.Key = nil // take skips it
 		}
 		co.mu.Unlock()
 		if !sent {
@@ -64,26 +77,40 @@ func (co *coalescer) claim(ctx context.Context, req idem.ClaimRequest) (idem.Cla
 	}
 }
 
+func (w *waiter) result() (idem.Claim, error) {
+	if w.err != nil {
+		return idem.Claim{}, w.err
+	}
+	return w.res.Claim, w.res.Err
+}
+
+// take removes up to maxCoalesce live claims from the queue and marks them
+// sent. Called with mu held.
+func (co *coalescer) take() []*waiter {
+	var batch []*waiter
+	n := 0
+	for n < len(co.queue) && len(batch) < maxCoalesce {
+		w := co.queue[n]
+		n++
+		if w.req.Key == nil { // its caller gave up before it was sent
+			continue
+		}
+		w.sent = true
+		batch = append(batch, w)
+	}
+	co.queue = co.queue[n:]
+	if len(co.queue) == 0 {
+		co.queue = nil
+	}
+	return batch
+}
+
 // loop sends batches until the queue is empty, then exits (no goroutine
 // lingers on an idle store).
 func (co *coalescer) loop() {
 	for {
 		co.mu.Lock()
-		var batch []*waiter
-		n := 0
-		for n < len(co.queue) && len(batch) < maxCoalesce {
-			w := co.queue[n]
-			n++
-			if w.req.Key == nil { // caller gave up before it was sent
-				continue
-			}
-			w.sent = true
-			batch = append(batch, w)
-		}
-		co.queue = co.queue[n:]
-		if len(co.queue) == 0 {
-			co.queue = nil
-		}
+		batch := co.take()
 		if len(batch) == 0 && len(co.queue) == 0 {
 			co.running = false
 			co.mu.Unlock()
@@ -101,9 +128,12 @@ func (co *coalescer) send(batch []*waiter) {
 	for i, w := range batch {
 		reqs[i] = w.req
 	}
-	// The batch outlives any one caller's context: each caller stops
-	// waiting on its own (see claim); the client's timeouts bound it.
-	ctx := context.WithoutCancel(batch[0].ctx)
+	// A batch of several outlives any one caller's context: each caller
+	// stops waiting on its own (see claim); the client's timeouts bound it.
+	ctx := batch[0].ctx
+	if len(batch) > 1 {
+		ctx = context.WithoutCancel(ctx)
+	}
 	res, err := co.s.claimBatch(ctx, reqs)
 	for i, w := range batch {
 		if err != nil {

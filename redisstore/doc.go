@@ -20,7 +20,8 @@
 // (maxmemory-policy noeviction, WAIT, persistence).
 //
 // ClaimBatch claims many keys in one round trip: one script per chunk on a
-// single node, one script per shard pipelined per node on a cluster.
+// single node, one script per shard pipelined per node on a cluster. With
+// Config.CoalesceClaims, concurrent Claim calls share batch scripts too.
 //
 // Errors are mapped onto idem's: a refused connection or a server that
 // refuses the command (LOADING, READONLY, CLUSTERDOWN...) is
