@@ -532,17 +532,96 @@ func (h *Held) settle(ctx context.Context, a SettleAction, result []byte, cause 
 	case SettleFail:
 		err = h.g.store.Fail(ctx, h.key, h.token, cause)
 	}
-	if len(h.g.hooks.settle) > 0 {
-		now := h.g.cfg.clock.Now()
-		e := SettleEvent{Key: h.key, Token: h.token, Action: a, Err: err, Duration: now.Sub(start)}
-		if !h.start.IsZero() {
-			e.Held = now.Sub(h.start)
+	h.onSettle(ctx, a, err, start)
+	return err
+}
+
+func (h *Held) onSettle(ctx context.Context, a SettleAction, err error, start time.Time) {
+	if len(h.g.hooks.settle) == 0 {
+		return
+	}
+	now := h.g.cfg.clock.Now()
+	e := SettleEvent{Key: h.key, Token: h.token, Action: a, Err: err, Duration: now.Sub(start)}
+	if !h.start.IsZero() {
+		e.Held = now.Sub(h.start)
+	}
+	for _, hk := range h.g.hooks.settle {
+		hk.OnSettle(ctx, e)
+	}
+}
+
+// CompleteBatch completes many held claims, in one store round-trip when
+// the store is a BatchCompleter (one by one otherwise). results[i] is the
+// result of hs[i]; results may be nil (no results). errs[i] is what
+// hs[i].Complete would return: entries the batch could not settle are
+// retried one by one, with Complete's retries and record reads.
+func (g *Guard) CompleteBatch(ctx context.Context, hs []*Held, results [][]byte) []error {
+	errs := make([]error, len(hs))
+	result := func(i int) []byte {
+		if results == nil {
+			return nil
 		}
-		for _, hk := range h.g.hooks.settle {
-			hk.OnSettle(ctx, e)
+		return results[i]
+	}
+	if results != nil && len(results) != len(hs) {
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: CompleteBatch: %d results for %d claims", ErrInvalidArgument, len(results), len(hs))
+		}
+		return errs
+	}
+	bc, ok := g.store.(BatchCompleter)
+	if !ok {
+		for i, h := range hs {
+			errs[i] = h.Complete(ctx, result(i))
+		}
+		return errs
+	}
+	ctx, cancel := settleCtx(ctx)
+	defer cancel()
+	cs := make([]Completion, 0, len(hs))
+	idx := make([]int, 0, len(hs))
+	for i, h := range hs {
+		if h.open {
+			continue
+		}
+		if err := ValidateResult(result(i)); err != nil {
+			errs[i] = h.Complete(ctx, result(i)) // releases the key and reports the error
+			continue
+		}
+		h.stopHeartbeat()
+		cs = append(cs, Completion{Key: h.key, Token: h.token, Result: result(i)})
+		idx = append(idx, i)
+	}
+	if len(cs) == 0 {
+		return errs
+	}
+	var start time.Time
+	if len(g.hooks.settle) > 0 {
+		start = g.cfg.clock.Now()
+	}
+	res, err := bc.CompleteBatch(ctx, cs)
+	if err == nil && len(res) != len(cs) {
+		err = fmt.Errorf("%w: store answered %d of %d completions", ErrUnknownOutcome, len(res), len(cs))
+	}
+	for j, i := range idx {
+		h := hs[i]
+		if err != nil {
+			errs[i] = h.Complete(ctx, cs[j].Result)
+			continue
+		}
+		h.onSettle(ctx, SettleComplete, res[j], start)
+		switch e := res[j]; {
+		case e == nil:
+		case retryable(e):
+			errs[i] = h.Complete(ctx, cs[j].Result)
+		default:
+			if errors.Is(e, ErrFenced) || errors.Is(e, ErrNotFound) {
+				h.markLost(ctx, e)
+			}
+			errs[i] = fmt.Errorf("idem: complete %q: %w", truncKey(h.key), e)
 		}
 	}
-	return err
+	return errs
 }
 
 // FingerprintOf returns a SHA-256 fingerprint of the given parts (each

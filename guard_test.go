@@ -416,3 +416,67 @@ func TestHeartbeatManyHeld(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+func TestCompleteBatch(t *testing.T) {
+	acquire := func(t *testing.T, g *idem.Guard, keys ...string) []*idem.Held {
+		var hs []*idem.Held
+		for _, k := range keys {
+			h, _, err := g.Acquire(ctx, []byte(k))
+			if err != nil || h == nil {
+				t.Fatalf("acquire %q: %v", k, err)
+			}
+			hs = append(hs, h)
+		}
+		return hs
+	}
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) (idem.Store, *faultstore.Store)
+	}{
+		{"batch store", func(t *testing.T) (idem.Store, *faultstore.Store) {
+			fs := faultstore.New(newMem(t))
+			return fs.WithBatch(), fs
+		}},
+		{"one by one", func(t *testing.T) (idem.Store, *faultstore.Store) {
+			fs := faultstore.New(newMem(t))
+			return noBatch{fs}, fs
+		}},
+		{"batch call fails, entries retried", func(t *testing.T) (idem.Store, *faultstore.Store) {
+			fs := faultstore.New(newMem(t))
+			fs.Inject(faultstore.OpCompleteBatch, faultstore.Fault{Err: idem.ErrUnknownOutcome, Applied: true, Times: 1})
+			return fs.WithBatch(), fs
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, fs := tc.store(t)
+			g := newGuard(t, st, idem.WithLease(50*time.Millisecond), idem.WithHeartbeat(-1))
+			hs := acquire(t, g, "a", "b", "c")
+			// "c" stalls past its lease and is taken over.
+			time.Sleep(60 * time.Millisecond)
+			g2 := newGuard(t, st)
+			if h, _, err := g2.Acquire(ctx, []byte("c")); err != nil || h == nil {
+				t.Fatalf("takeover: %v", err)
+			}
+			errs := g.CompleteBatch(ctx, hs, [][]byte{[]byte("ra"), []byte("rb"), []byte("rc")})
+			if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], idem.ErrFenced) {
+				t.Fatalf("errs = %v", errs)
+			}
+			for _, k := range []string{"a", "b"} {
+				if r, err := fs.Get(ctx, []byte(k)); err != nil || r.State != idem.StateCompleted || string(r.Result) != "r"+k {
+					t.Fatalf("%s: %+v %v", k, r, err)
+				}
+			}
+			if _, isBatch := st.(idem.BatchCompleter); isBatch && fs.Calls(faultstore.OpCompleteBatch) != 1 {
+				t.Fatalf("%d batch calls, want 1", fs.Calls(faultstore.OpCompleteBatch))
+			}
+		})
+	}
+	g := newGuard(t, newMem(t))
+	hs := acquire(t, g, "x")
+	if errs := g.CompleteBatch(ctx, hs, [][]byte{nil, nil}); !errors.Is(errs[0], idem.ErrInvalidArgument) {
+		t.Fatalf("mismatched results: %v", errs)
+	}
+	if errs := g.CompleteBatch(ctx, hs, nil); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}

@@ -184,6 +184,24 @@ type BatchClaimer interface {
 	ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]BatchResult, error)
 }
 
+// Completion is one entry of CompleteBatch.
+type Completion struct {
+	Key    []byte
+	Token  uint64
+	Result []byte
+}
+
+// BatchCompleter is an optional Store capability: complete many held claims
+// in one round-trip (the settle half of a batch consumer, seed 000). Each
+// entry is applied as Complete would apply it, independently of the others,
+// and errs[i] is what Complete would have returned for cs[i] (nil,
+// ErrFenced, ErrNotFound, ErrInvalidKey, ErrInvalidArgument). A returned
+// error means the call as a whole failed and any subset of it may have been
+// applied; since Complete is idempotent per token, retrying is safe.
+type BatchCompleter interface {
+	CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error)
+}
+
 // Purger is an optional Store capability: remove records past their
 // retention. It removes at most limit records (limit <= 0: no limit) and
 // reports how many it removed. It must not block claims for long: stores

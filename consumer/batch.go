@@ -184,12 +184,23 @@ func (c *Consumer) runGroup(ctx context.Context, ps []pending) {
 
 func (p pending) m() *broker.Message { return p.d.m }
 
-// completeAll records and acks every message of a successful batch. The
-// guard completes keys one by one (a round trip each on a networked
-// store), so chunks of the batch complete in parallel.
+// completeAll records and acks every message of a successful batch: in one
+// round trip when the store is an idem.BatchCompleter; otherwise the guard
+// completes keys one by one (a round trip each on a networked store), so
+// chunks of the batch complete in parallel.
 func (c *Consumer) completeAll(ctx context.Context, ps []pending) {
 	ctx, cancel := settlingFor(ctx, len(ps))
 	defer cancel()
+	if _, ok := c.cfg.Guard.Store().(idem.BatchCompleter); ok {
+		hs := make([]*idem.Held, len(ps))
+		for i, p := range ps {
+			hs[i] = p.held
+		}
+		for i, err := range c.cfg.Guard.CompleteBatch(ctx, hs, nil) {
+			c.completed(ctx, ps[i].d, err)
+		}
+		return
+	}
 	par := min(c.cfg.Batch.SettleConcurrency, (len(ps)+63)/64)
 	if par <= 1 {
 		for _, p := range ps {

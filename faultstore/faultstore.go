@@ -18,14 +18,15 @@ import (
 type Op string
 
 const (
-	OpClaim    Op = "claim"
-	OpBatch    Op = "batch"
-	OpComplete Op = "complete"
-	OpRelease  Op = "release"
-	OpFail     Op = "fail"
-	OpExtend   Op = "extend"
-	OpGet      Op = "get"
-	OpDelete   Op = "delete"
+	OpClaim         Op = "claim"
+	OpBatch         Op = "batch"
+	OpComplete      Op = "complete"
+	OpCompleteBatch Op = "complete-batch"
+	OpRelease       Op = "release"
+	OpFail          Op = "fail"
+	OpExtend        Op = "extend"
+	OpGet           Op = "get"
+	OpDelete        Op = "delete"
 )
 
 // Fault is one injected failure.
@@ -178,7 +179,23 @@ func (s BatchStore) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([
 	return do(s.Store, ctx, OpBatch, func() ([]idem.BatchResult, error) { return b.ClaimBatch(ctx, reqs) })
 }
 
-// WithBatch returns s as an idem.BatchClaimer too when its inner store is one.
+// CompleteBatch forwards to the inner store's batch completion, or
+// completes one by one when it has none.
+func (s BatchStore) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	return do(s.Store, ctx, OpCompleteBatch, func() ([]error, error) {
+		if b, ok := s.inner.(idem.BatchCompleter); ok {
+			return b.CompleteBatch(ctx, cs)
+		}
+		errs := make([]error, len(cs))
+		for i, c := range cs {
+			errs[i] = s.inner.Complete(ctx, c.Key, c.Token, c.Result)
+		}
+		return errs, nil
+	})
+}
+
+// WithBatch returns s as an idem.BatchClaimer and idem.BatchCompleter too
+// when its inner store is a BatchClaimer.
 func (s *Store) WithBatch() idem.Store {
 	if _, ok := s.inner.(idem.BatchClaimer); ok {
 		return BatchStore{s}

@@ -386,6 +386,18 @@ func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result [
 	})
 }
 
+// CompleteBatch implements idem.BatchCompleter.
+func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	if _, err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(cs))
+	for i, c := range cs {
+		errs[i] = s.Complete(ctx, c.Key, c.Token, c.Result)
+	}
+	return errs, nil
+}
+
 // Release implements idem.Store.
 func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause string) error {
 	if err := idem.ValidateCause(cause); err != nil {
@@ -586,10 +598,11 @@ func (s *Store) Close() error {
 }
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.BatchClaimer = (*Store)(nil)
-	_ idem.Purger       = (*Store)(nil)
-	_ idem.Lister       = (*Store)(nil)
-	_ idem.Stater       = (*Store)(nil)
-	_ idem.Pinger       = (*Store)(nil)
+	_ idem.Store          = (*Store)(nil)
+	_ idem.BatchClaimer   = (*Store)(nil)
+	_ idem.BatchCompleter = (*Store)(nil)
+	_ idem.Purger         = (*Store)(nil)
+	_ idem.Lister         = (*Store)(nil)
+	_ idem.Stater         = (*Store)(nil)
+	_ idem.Pinger         = (*Store)(nil)
 )

@@ -24,5 +24,5 @@ func TestMemstoreConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return s
-	}, storetest.Features{Batch: true, Purge: true, List: true, Stats: true, LeaseUnit: 20 * 1e6})
+	}, storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, LeaseUnit: 20 * 1e6})
 }

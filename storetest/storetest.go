@@ -26,9 +26,11 @@ type Factory func(t testing.TB, namespace string) idem.Store
 // false is skipped with a log line.
 type Features struct {
 	Batch bool // idem.BatchClaimer
-	Purge bool // idem.Purger
-	List  bool // idem.Lister
-	Stats bool // idem.Stater
+	// CompleteBatch: idem.BatchCompleter
+	CompleteBatch bool
+	Purge         bool // idem.Purger
+	List          bool // idem.Lister
+	Stats         bool // idem.Stater
 	// LeaseUnit is the base duration of the timing tests (default 100ms):
 	// leases of one unit are waited out with sleeps of a few units. Raise
 	// it for a store with coarse time or slow round trips.
@@ -90,6 +92,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"ContextCancelled", s.testContextCancelled},
 		{"Batch", s.testBatch},
 		{"BatchLarge", s.testBatchLarge},
+		{"CompleteBatch", s.testCompleteBatch},
 		{"Purge", s.testPurge},
 		{"ListInProgress", s.testList},
 		{"Stats", s.testStats},
@@ -942,5 +945,69 @@ func (s *suite) testStats(t *testing.T) {
 	want := idem.Stats{InProgress: 2, Completed: 3, Failed: 1, Released: 1}
 	if got != want {
 		t.Fatalf("Stats = %+v, want %+v", got, want)
+	}
+}
+
+func (s *suite) testCompleteBatch(t *testing.T) {
+	st := s.store(t)
+	bc, ok := st.(idem.BatchCompleter)
+	if !ok {
+		if s.feat.CompleteBatch {
+			t.Fatalf("Features.CompleteBatch is set but %T does not implement idem.BatchCompleter", st)
+		}
+		t.Skip("store does not implement idem.BatchCompleter (Features.CompleteBatch unset)")
+	}
+	ctx := ctxT(t)
+	u := s.feat.LeaseUnit
+	tok := func(k string, lease time.Duration) uint64 {
+		return mustClaim(t, st, req(k, lease, longTTL), idem.OutcomeAcquired).Record.Token
+	}
+	a, b, done := tok("a", longLease), tok("b", longLease), tok("done", longLease)
+	mustOK(t, "Complete", st.Complete(ctx, []byte("done"), done, []byte("first")))
+	stale := tok("stale", u)
+	time.Sleep(2 * u)
+	fresh := tok("stale", longLease)
+	failed := tok("failed", longLease)
+	mustOK(t, "Fail", st.Fail(ctx, []byte("failed"), failed, "x"))
+	cs := []idem.Completion{
+		{Key: []byte("a"), Token: a, Result: []byte("ra")},
+		{Key: []byte("b"), Token: b, Result: nil},
+		{Key: []byte("done"), Token: done, Result: []byte("second")},
+		{Key: []byte("stale"), Token: stale, Result: []byte("stale")},
+		{Key: []byte("never"), Token: 7, Result: nil},
+		{Key: nil, Token: 1},
+		{Key: []byte("a"), Token: 0},
+		{Key: []byte("failed"), Token: failed},
+		{Key: []byte("big"), Token: 1, Result: make([]byte, idem.MaxResultLen+1)},
+	}
+	want := []error{nil, nil, nil, idem.ErrFenced, idem.ErrNotFound, idem.ErrInvalidKey, idem.ErrInvalidArgument, idem.ErrFenced, idem.ErrInvalidArgument}
+	errs, err := bc.CompleteBatch(ctx, cs)
+	mustOK(t, "CompleteBatch", err)
+	if len(errs) != len(cs) {
+		t.Fatalf("CompleteBatch returned %d errors for %d entries", len(errs), len(cs))
+	}
+	for i, w := range want {
+		if w == nil {
+			mustOK(t, fmt.Sprintf("entry %d (%q)", i, cs[i].Key), errs[i])
+		} else {
+			mustIs(t, fmt.Sprintf("entry %d (%q)", i, cs[i].Key), errs[i], w)
+		}
+	}
+	if r := mustGet(t, st, "a"); r.State != idem.StateCompleted || string(r.Result) != "ra" {
+		t.Fatalf("a = %+v", r)
+	}
+	if r := mustGet(t, st, "b"); r.State != idem.StateCompleted || len(r.Result) != 0 {
+		t.Fatalf("b = %+v", r)
+	}
+	if r := mustGet(t, st, "done"); string(r.Result) != "first" {
+		t.Fatalf("a repeated completion overwrote the result: %q", r.Result)
+	}
+	if r := mustGet(t, st, "stale"); r.State != idem.StateInProgress || r.Token != fresh {
+		t.Fatalf("a stale entry changed the record: %+v", r)
+	}
+	empty, err := bc.CompleteBatch(ctx, nil)
+	mustOK(t, "empty CompleteBatch", err)
+	if len(empty) != 0 {
+		t.Fatalf("empty batch returned %d errors", len(empty))
 	}
 }
