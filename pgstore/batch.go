@@ -225,3 +225,87 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 	}
 	return out, br.Close()
 }
+
+// CompleteBatch implements idem.BatchCompleter: one token-checked UPDATE
+// per entry (the same statement as Complete), pipelined in one round trip.
+// Each entry is judged on its own; an entry whose statement raced a
+// concurrent change is settled with a follow-up Complete.
+func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(cs))
+	type entry struct {
+		i   int
+		ref keyRef
+		res []byte
+	}
+	var todo []entry
+	for i, c := range cs {
+		if err := idem.ValidateToken(c.Key, c.Token); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := idem.ValidateResult(c.Result); err != nil {
+			errs[i] = err
+			continue
+		}
+		if c.Token > 1<<63-1 {
+			errs[i] = fmt.Errorf("%w: token %d was never issued", idem.ErrFenced, c.Token)
+			continue
+		}
+		r, err := s.ref(c.Key)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		res := c.Result
+		if res == nil {
+			res = []byte{}
+		}
+		todo = append(todo, entry{i, r, res})
+	}
+	if len(todo) == 0 {
+		return errs, nil
+	}
+	b := &pgx.Batch{}
+	for _, e := range todo {
+		b.Queue(s.tables[e.ref.table].mut[mutComplete], s.args(e.ref, int64(cs[e.i].Token), e.res)...)
+	}
+	type answer struct {
+		done  bool
+		state *int16
+		cur   *int64
+		key   []byte
+	}
+	answers := make([]answer, len(todo))
+	br := s.pool.SendBatch(ctx, b)
+	for j := range todo {
+		a := &answers[j]
+		if err := br.QueryRow().Scan(&a.done, &a.state, &a.cur, &a.key); err != nil {
+			_ = br.Close()
+			return nil, s.mapErr(ctx, err, true)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, s.mapErr(ctx, err, true)
+	}
+	for j, e := range todo {
+		a, tok := answers[j], cs[e.i].Token
+		switch {
+		case a.done:
+		case a.state == nil || !bytes.Equal(a.key, e.ref.key):
+			errs[e.i] = fmt.Errorf("%w: key %q", idem.ErrNotFound, e.ref.key)
+		case uint64(*a.cur) == tok && *a.state == stCompleted:
+		case uint64(*a.cur) == tok && *a.state == stInProgress:
+			// Our snapshot predates a concurrent change: ask again alone.
+			errs[e.i] = s.mutate(ctx, s.pool, mutComplete, e.ref, tok, e.res, false)
+		default:
+			errs[e.i] = fmt.Errorf("%w: key %q token %d (current %d, %s)", idem.ErrFenced, e.ref.key, tok, *a.cur, idem.State(*a.state))
+		}
+		if errs[e.i] != nil && !errors.Is(errs[e.i], idem.ErrNotFound) && !errors.Is(errs[e.i], idem.ErrFenced) {
+			return nil, errs[e.i] // the follow-up failed as a whole
+		}
+	}
+	return errs, nil
+}

@@ -27,7 +27,7 @@ type querier interface {
 }
 
 // Store is a PostgreSQL idem.Store. It implements idem.BatchClaimer,
-// idem.Purger, idem.Lister, idem.Stater and idem.Pinger.
+// idem.BatchCompleter, idem.Purger, idem.Lister, idem.Stater and idem.Pinger.
 type Store struct {
 	orig   Config
 	cfg    Config
@@ -42,12 +42,13 @@ type Store struct {
 }
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.BatchClaimer = (*Store)(nil)
-	_ idem.Purger       = (*Store)(nil)
-	_ idem.Lister       = (*Store)(nil)
-	_ idem.Stater       = (*Store)(nil)
-	_ idem.Pinger       = (*Store)(nil)
+	_ idem.Store          = (*Store)(nil)
+	_ idem.BatchClaimer   = (*Store)(nil)
+	_ idem.Purger         = (*Store)(nil)
+	_ idem.Lister         = (*Store)(nil)
+	_ idem.Stater         = (*Store)(nil)
+	_ idem.Pinger         = (*Store)(nil)
+	_ idem.BatchCompleter = (*Store)(nil)
 )
 
 // New returns a Store for cfg. It does no I/O: run Migrate (or the
