@@ -96,7 +96,7 @@ func (s *Server) Start() {
 		return
 	}
 	cmd := exec.Command(binary(s.t, "redis-server"), s.args...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// Output goes to the log file (--logfile); its tail is shown on failure.
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
