@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -45,4 +46,36 @@ func dropKeys(c redis.UniversalClient, prefix string) {
 	for it.Next(ctx) {
 		c.Del(ctx, it.Val())
 	}
+}
+
+func ExampleStore_ClaimBatch() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer client.Close()
+	defer dropKeys(client, "example-batch:")
+	ctx := context.Background()
+	store, err := redisstore.New(ctx, redisstore.Config{Client: client, Prefix: "example-batch:"})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	claim := func(k string) idem.ClaimRequest {
+		return idem.ClaimRequest{Key: []byte(k), Lease: 30 * time.Second, TTL: time.Hour}
+	}
+	// One round trip; results in request order, as if claimed one by one.
+	res, err := store.ClaimBatch(ctx, []idem.ClaimRequest{claim("m1"), claim("m2"), claim("m1"), {}})
+	if err != nil {
+		panic(err) // the whole batch failed: ErrUnavailable or ErrUnknownOutcome
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			fmt.Println("error:", errors.Is(r.Err, idem.ErrInvalidKey))
+			continue
+		}
+		fmt.Println(r.Claim.Outcome)
+	}
+	// Output:
+	// acquired
+	// acquired
+	// in_progress
+	// error: true
 }
