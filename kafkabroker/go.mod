@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idem-dev/idem v0.0.0
-	github.com/jackc/pgx/v5 v5.13.0
+	github.com/jackc/pgx/v5 v5.13.0 // indirect
 )
 
 require (
@@ -29,3 +29,7 @@ require (
 replace github.com/idem-dev/idem => ../
 
 replace github.com/idem-dev/idem/brokertest => ../brokertest
+
+require github.com/idem-dev/idem/e2etest v0.0.0
+
+replace github.com/idem-dev/idem/e2etest => ../e2etest

@@ -33,3 +33,7 @@ require github.com/idem-dev/idem/pgstore v0.0.0
 replace github.com/idem-dev/idem/pgstore => ../pgstore
 
 replace github.com/idem-dev/idem/storetest => ../storetest
+
+require github.com/idem-dev/idem/e2etest v0.0.0
+
+replace github.com/idem-dev/idem/e2etest => ../e2etest

@@ -1,0 +1,88 @@
+package e2etest
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/memstore"
+)
+
+// Quiet is a logger that drops everything: the runs log thousands of
+// expected naks and duplicates.
+func Quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// MemStore is a memory store closed at cleanup.
+func MemStore(t testing.TB) *memstore.Store {
+	t.Helper()
+	s, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// NewGuard is a quiet guard on store, closed at cleanup.
+func NewGuard(t testing.TB, store idem.Store, opts ...idem.Option) *idem.Guard {
+	t.Helper()
+	g, err := idem.NewGuard(store, append([]idem.Option{idem.WithLogger(Quiet())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// Mode is how the consumer applies effects to the ledger.
+type Mode string
+
+const (
+	Single Mode = "single" // Handler: one INSERT per message
+	Batch  Mode = "batch"  // BatchHandler: one COPY transaction per batch of up to 500
+)
+
+// ConsumerConfig is the end-to-end tests' consumer configuration: 16
+// workers (4 in batch mode), up to 4,000 messages in flight, keep-alive
+// every second and a second's pause while the store is down.
+func (l *Ledger) ConsumerConfig(sub broker.Subscriber, guard *idem.Guard, mode Mode) consumer.Config {
+	cfg := consumer.Config{
+		Subscriber:         sub,
+		Guard:              guard,
+		Workers:            16,
+		MaxInFlight:        4000,
+		FetchBatch:         500,
+		InProgressInterval: time.Second,
+		StoreDownDelay:     time.Second,
+		Logger:             Quiet(),
+	}
+	if mode == Batch {
+		cfg.Workers = 4
+		cfg.BatchHandler = l.InsertBatch()
+		cfg.Batch = consumer.BatchConfig{Size: 500, Wait: 10 * time.Millisecond}
+	} else {
+		cfg.Handler = l.Insert()
+	}
+	return cfg
+}
+
+// WaitFor polls cond every 50ms until it reports done, failing the test
+// with what and cond's last state after timeout.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() (done bool, state string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		done, state := cond()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %s", what, state)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
