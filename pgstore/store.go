@@ -515,7 +515,8 @@ WHERE ` + takeover + `
 ` + insRet + `)
 SELECT key_hash, ` + rowCols + `, ` + now + `, true FROM ins
 UNION ALL
-SELECT r.key_hash, ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + joinK
+SELECT r.key_hash, ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + joinK + `
+WHERE (SELECT count(*) FROM ins) < cardinality($2::bytea[])` // one-time filter: skipped when every row was inserted
 
 	s.get = `SELECT ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHERE ` + kcond("r") + ` AND r.expires_at > ` + now
 	s.del = `UPDATE ` + T + ` r SET expires_at = 'epoch', updated_at = ` + now + ` WHERE ` + kcond("r") + ` AND r.key = ` + p(1) + ` AND r.expires_at > ` + now
