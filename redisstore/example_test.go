@@ -79,3 +79,38 @@ func ExampleStore_ClaimBatch() {
 	// in_progress
 	// error: true
 }
+
+func ExampleStore_CompleteBatch() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer client.Close()
+	defer dropKeys(client, "example-cbatch:")
+	ctx := context.Background()
+	store, err := redisstore.New(ctx, redisstore.Config{Client: client, Prefix: "example-cbatch:"})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	res, err := store.ClaimBatch(ctx, []idem.ClaimRequest{
+		{Key: []byte("m1"), Lease: 30 * time.Second, TTL: time.Hour},
+		{Key: []byte("m2"), Lease: 30 * time.Second, TTL: time.Hour},
+	})
+	if err != nil {
+		panic(err)
+	}
+	// Settle both in one round trip; the third entry carries a stale token.
+	errs, err := store.CompleteBatch(ctx, []idem.Completion{
+		{Key: []byte("m1"), Token: res[0].Claim.Record.Token, Result: []byte("ok-1")},
+		{Key: []byte("m2"), Token: res[1].Claim.Record.Token, Result: []byte("ok-2")},
+		{Key: []byte("m2"), Token: res[1].Claim.Record.Token - 1},
+	})
+	if err != nil {
+		panic(err) // the call failed as a whole (any subset may be applied): retry
+	}
+	for _, e := range errs {
+		fmt.Println(e == nil, errors.Is(e, idem.ErrFenced))
+	}
+	// Output:
+	// true false
+	// true false
+	// false true
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,6 +66,10 @@ func TestFailClosedAndRecover(t *testing.T) {
 			return err
 		}},
 		{"Complete", func(ctx context.Context) error { return s.Complete(ctx, []byte("k1"), tok, []byte("r")) }},
+		{"CompleteBatch", func(ctx context.Context) error {
+			_, err := s.CompleteBatch(ctx, []idem.Completion{{Key: []byte("k1"), Token: tok}, {Key: []byte("k5"), Token: 1}})
+			return err
+		}},
 		{"Release", func(ctx context.Context) error { return s.Release(ctx, []byte("k1"), tok, "") }},
 		{"Fail", func(ctx context.Context) error { return s.Fail(ctx, []byte("k1"), tok, "x") }},
 		{"Extend", func(ctx context.Context) error { return s.Extend(ctx, []byte("k1"), tok, time.Minute) }},
@@ -211,10 +216,33 @@ func TestClusterNodeDown(t *testing.T) {
 		}
 		return reqs
 	}
-	if _, err := s.ClaimBatch(ctx, batch("before-")); err != nil {
+	before, err := s.ClaimBatch(ctx, batch("before-"))
+	if err != nil {
 		t.Fatalf("ClaimBatch with all nodes up: %v", err)
 	}
+	// Completing them also loads the script on every master: a first
+	// EVALSHA that finds no script runs nothing, so the batch below would
+	// be ErrUnavailable (correctly: nothing applied) rather than partial.
+	var done []idem.Completion
+	for _, r := range before {
+		done = append(done, idem.Completion{Key: r.Claim.Record.Key, Token: r.Claim.Record.Token})
+	}
+	if errs, err := s.CompleteBatch(ctx, done); err != nil || slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
+		t.Fatalf("CompleteBatch with all nodes up: %v %v", errs, err)
+	}
+	held, err := s.ClaimBatch(ctx, batch("held-"))
+	if err != nil {
+		t.Fatalf("ClaimBatch with all nodes up: %v", err)
+	}
+	var cs []idem.Completion
+	for _, r := range held {
+		cs = append(cs, idem.Completion{Key: r.Claim.Record.Key, Token: r.Claim.Record.Token, Result: []byte("done")})
+	}
 	cl.Nodes[1].Stop()
+	// The other masters complete their share: the call is partly applied.
+	if _, err := s.CompleteBatch(ctx, cs); !errors.Is(err, idem.ErrUnknownOutcome) {
+		t.Fatalf("CompleteBatch with a master down: %v, want ErrUnknownOutcome", err)
+	}
 	for i := range 3 {
 		res, err := s.ClaimBatch(ctx, batch("down-"+strconv.Itoa(i)+"-"))
 		if err == nil {
@@ -234,6 +262,29 @@ func TestClusterNodeDown(t *testing.T) {
 			t.Fatalf("cluster store did not recover: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// Retrying the partly applied batch is safe: entries already applied
+	// succeed again. The restarted master kept no data (no persistence), so
+	// its entries are ErrNotFound.
+	errs, err := s.CompleteBatch(ctx, cs)
+	if err != nil {
+		t.Fatalf("CompleteBatch retry after recovery: %v", err)
+	}
+	ok := 0
+	for i, e := range errs {
+		if errors.Is(e, idem.ErrNotFound) {
+			continue
+		}
+		if e != nil {
+			t.Fatalf("retry entry %d: %v", i, e)
+		}
+		ok++
+		if rec, err := s.Get(ctx, cs[i].Key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done" {
+			t.Fatalf("%s after retry: %+v %v", cs[i].Key, rec, err)
+		}
+	}
+	if ok == 0 {
+		t.Fatal("no entry of the retried batch succeeded")
 	}
 }
 
@@ -290,5 +341,12 @@ func TestClusterWait(t *testing.T) {
 	}
 	if _, err := short.ClaimBatch(ctx, reqs); !errors.Is(err, idem.ErrUnknownOutcome) {
 		t.Fatalf("ClaimBatch with a replica down: %v, want ErrUnknownOutcome", err)
+	}
+	var cs []idem.Completion
+	for i := 0; i < len(res); i += 2 {
+		cs = append(cs, idem.Completion{Key: res[i].Claim.Record.Key, Token: res[i].Claim.Record.Token})
+	}
+	if _, err := short.CompleteBatch(ctx, cs); !errors.Is(err, idem.ErrUnknownOutcome) {
+		t.Fatalf("CompleteBatch with a replica down: %v, want ErrUnknownOutcome", err)
 	}
 }

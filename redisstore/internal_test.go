@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +158,47 @@ func TestVersionOK(t *testing.T) {
 		if got := versionOK(info); got != want {
 			t.Errorf("versionOK(%q) = %v, want %v", info, got, want)
 		}
+	}
+}
+
+// TestBatcherGroups pins how batch entries are split into scripts: on a
+// single node in request order by BatchChunk and by result bytes; on a
+// cluster by shard, a key's entries staying in one script in order.
+func TestBatcherGroups(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	s, err := New(context.Background(), Config{Client: c, SkipChecks: true, BatchChunk: 3, Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := func(sizes []int, shards []string) [][]int {
+		b := s.newBatcher(completeBatchScript)
+		for i, n := range sizes {
+			b.add(i, shards[i], n)
+		}
+		var out [][]int
+		for _, g := range b.groups {
+			out = append(out, g.idx)
+		}
+		return out
+	}
+	tests := []struct {
+		name    string
+		cluster bool
+		sizes   []int
+		shards  []string
+		want    string
+	}{
+		{"chunks", false, []int{0, 0, 0, 0, 0, 0, 0}, []string{"0", "1", "0", "1", "0", "1", "0"}, "[[0 1 2] [3 4 5] [6]]"},
+		{"bytes", false, []int{1, maxChunkBytes, 1, maxChunkBytes + 5, 0}, []string{"0", "0", "0", "0", "0"}, "[[0] [1] [2] [3] [4]]"},
+		{"by shard", true, []int{0, 0, 0, 0, 0, 0, 0}, []string{"0", "1", "0", "1", "0", "1", "0"}, "[[0 2 4] [1 3 5] [6]]"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s.cluster = tc.cluster
+			if got := fmt.Sprint(groups(tc.sizes, tc.shards)); got != tc.want {
+				t.Fatalf("groups %s, want %s", got, tc.want)
+			}
+		})
 	}
 }

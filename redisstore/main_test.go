@@ -100,7 +100,7 @@ func factoryCfg(base redisstore.Config) storetest.Factory {
 
 // LeaseUnit 200ms: the machine running the tests is shared and busy, and a
 // round trip that stalls for a whole 100ms unit would fail a timing case.
-var features = storetest.Features{Batch: true, Purge: true, List: true, Stats: true, LeaseUnit: 200 * time.Millisecond}
+var features = storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, LeaseUnit: 200 * time.Millisecond}
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, factory(sharedClient(t)), features)

@@ -153,6 +153,65 @@ func (s *Store) runPerMaster(ctx context.Context, cc *redis.ClusterClient, calls
 	return nil
 }
 
+// maxChunkBytes bounds the result bytes one completion script carries (a
+// chunk always takes at least one entry), so a batch of large results does
+// not make one huge command that stalls the server.
+const maxChunkBytes = 1 << 20
+
+// batchGroup is one script of a batch: the request indexes it carries, in
+// order, and its call.
+type batchGroup struct {
+	idx   []int
+	bytes int
+	call  *call
+}
+
+// batcher assigns the valid entries of a batch to scripts. Single node: in
+// request order, BatchChunk entries per script. Cluster: one script per
+// shard (one hash slot), split every BatchChunk entries, so a key's entries
+// share a shard and stay in request order (a node runs its pipelined
+// scripts in order).
+type batcher struct {
+	s       *Store
+	script  *redis.Script
+	groups  []*batchGroup
+	byShard map[string]*batchGroup
+	cur     *batchGroup
+}
+
+func (s *Store) newBatcher(script *redis.Script) *batcher {
+	return &batcher{s: s, script: script, byShard: map[string]*batchGroup{}}
+}
+
+// add puts entry i of shard sh (carrying size bytes of payload) in a group
+// and returns the call to append its keys and args to.
+func (b *batcher) add(i int, sh string, size int) *call {
+	full := func(g *batchGroup) bool {
+		return len(g.idx) >= b.s.cfg.BatchChunk || len(g.idx) > 0 && g.bytes+size > maxChunkBytes
+	}
+	g := b.cur
+	if b.s.cluster {
+		g = b.byShard[sh]
+	}
+	if g == nil || full(g) {
+		g = &batchGroup{call: &call{script: b.script}}
+		b.groups = append(b.groups, g)
+		b.byShard[sh], b.cur = g, g
+	}
+	g.idx = append(g.idx, i)
+	g.bytes += size
+	return g.call
+}
+
+// run sends every group's script in one round trip (see Store.run).
+func (b *batcher) run(ctx context.Context, op string) error {
+	calls := make([]*call, len(b.groups))
+	for i, g := range b.groups {
+		calls[i] = g.call
+	}
+	return b.s.run(ctx, calls, op)
+}
+
 // ClaimBatch implements idem.BatchClaimer in one round trip. On a single
 // node, one script claims up to BatchChunk keys in request order (chunks
 // pipelined on one connection). On a cluster, keys are grouped by shard
@@ -168,51 +227,29 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 
 func (s *Store) claimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
 	out := make([]idem.BatchResult, len(reqs))
-	type group struct {
-		idx  []int
-		reqs []idem.ClaimRequest
-		call *call
-	}
-	var groups []*group
-	byShard := map[string]*group{}
-	var cur *group
+	b := s.newBatcher(claimScript)
 	for i, r := range reqs {
 		if err := idem.ValidateClaim(r); err != nil {
 			out[i].Err = err
 			continue
 		}
 		sh := s.shard(r.Key)
-		var g *group
-		if s.cluster {
-			g = byShard[sh]
-			if g != nil && len(g.idx) >= s.cfg.BatchChunk {
-				g = nil
-			}
-		} else if cur != nil && len(cur.idx) < s.cfg.BatchChunk {
-			g = cur
-		}
-		if g == nil {
-			g = &group{call: &call{script: claimScript}}
-			groups = append(groups, g)
-			byShard[sh], cur = g, g
-		}
-		g.idx = append(g.idx, i)
-		g.reqs = append(g.reqs, r)
-		g.call.keys = append(g.call.keys, s.recordKey(sh, r.Key), s.seqKey(sh))
-		g.call.args = claimArgs(g.call.args, r)
+		c := b.add(i, sh, 0)
+		c.keys = append(c.keys, s.recordKey(sh, r.Key), s.seqKey(sh))
+		c.args = claimArgs(c.args, r)
 	}
-	if len(groups) == 0 {
+	if len(b.groups) == 0 {
 		return out, nil
 	}
-	calls := make([]*call, len(groups))
-	for i, g := range groups {
-		calls[i] = g.call
-	}
-	if err := s.run(ctx, calls, "claim batch"); err != nil {
+	if err := b.run(ctx, "claim batch"); err != nil {
 		return nil, err
 	}
-	for _, g := range groups {
-		res, err := decodeClaims(g.call.cmd, g.reqs)
+	for _, g := range b.groups {
+		greqs := make([]idem.ClaimRequest, len(g.idx))
+		for j, i := range g.idx {
+			greqs[j] = reqs[i]
+		}
+		res, err := decodeClaims(g.call.cmd, greqs)
 		if err != nil {
 			return nil, err
 		}
@@ -221,6 +258,48 @@ func (s *Store) claimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 		}
 	}
 	return out, nil
+}
+
+// CompleteBatch implements idem.BatchCompleter in one round trip, grouped
+// like ClaimBatch (chunks of BatchChunk entries, and at most about
+// maxChunkBytes of results per script). Each entry runs the same Lua
+// update as Complete, independently: errs[i] is what Complete would return.
+// Invalid entries get their error and are never sent. If some scripts ran
+// and another failed, the call returns ErrUnknownOutcome (retrying is safe:
+// a repeated completion with the same token is a no-op).
+func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(cs))
+	b := s.newBatcher(completeBatchScript)
+	for i, c := range cs {
+		if err := validateCompletion(c.Key, c.Token, c.Result); err != nil {
+			errs[i] = err
+			continue
+		}
+		sh := s.shard(c.Key)
+		cl := b.add(i, sh, len(c.Result))
+		cl.keys = append(cl.keys, s.recordKey(sh, c.Key))
+		cl.args = append(cl.args, strconv.FormatUint(c.Token, 10), c.Result)
+	}
+	if len(b.groups) == 0 {
+		return errs, nil
+	}
+	if err := b.run(ctx, "complete batch"); err != nil {
+		return nil, err
+	}
+	for _, g := range b.groups {
+		codes, err := g.call.cmd.Int64Slice()
+		if err != nil || len(codes) != len(g.idx) {
+			// The scripts ran: whatever this reply is, they were applied.
+			return nil, fmt.Errorf("%w: redisstore: complete batch: unexpected reply %v: %v", idem.ErrUnknownOutcome, g.call.cmd.Val(), err)
+		}
+		for j, i := range g.idx {
+			errs[i] = updateErr(codes[j], cs[i].Key, cs[i].Token)
+		}
+	}
+	return errs, nil
 }
 
 // decodeClaims turns claimScript's reply into results for reqs.

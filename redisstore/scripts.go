@@ -99,36 +99,60 @@ end
 return out
 `)
 
-// updateScript applies Complete (c), Release (r), Fail (f) or Extend (e)
-// with a token. KEYS: record. ARGV: op, token, arg (result, cause or lease
-// ms). Returns 1 done, 0 not found, -1 fenced.
-var updateScript = redis.NewScript(luaPrelude + `
-local rk, op, tok, arg = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
-local v = redis.call('GET', rk)
-if not v then return 0 end
-local h = parse(v)
-if not h then return corrupt(rk) end
-if h.t ~= tok then return -1 end
-if h.s == op and (op == 'c' or op == 'r' or op == 'f') then return 1 end
-if h.s ~= 'p' then return -1 end
-local ex, l, e = h.x, h.l, h.e
-local s = op
-if op == 'c' then
-  ex = nowms + tonumber(h.d)
-elseif op == 'r' then
-  if arg ~= '' then e = arg end
-elseif op == 'f' then
-  ex = nowms + tonumber(h.d)
-  e = arg
-elseif op == 'e' then
-  s = 'p'
-  l = nowms + tonumber(arg)
-  if l > ex then ex = l end
-else
-  return redis.error_reply('idem: unknown op ' .. op)
+// luaUpdate defines update(rk, op, tok, arg), the one implementation of
+// Complete (c), Release (r), Fail (f) and Extend (e) with a token: arg is
+// the result, cause or lease ms. It returns 1 done, 0 not found, -1 fenced,
+// -2 corrupt record, -3 unknown op. updateScript runs it once,
+// completeBatchScript once per entry.
+const luaUpdate = `
+local function update(rk, op, tok, arg)
+  local v = redis.call('GET', rk)
+  if not v then return 0 end
+  local h = parse(v)
+  if not h then return -2 end
+  if h.t ~= tok then return -1 end
+  if h.s == op and (op == 'c' or op == 'r' or op == 'f') then return 1 end
+  if h.s ~= 'p' then return -1 end
+  local ex, l, e = h.x, h.l, h.e
+  local s = op
+  if op == 'c' then
+    ex = nowms + tonumber(h.d)
+  elseif op == 'r' then
+    if arg ~= '' then e = arg end
+  elseif op == 'f' then
+    ex = nowms + tonumber(h.d)
+    e = arg
+  elseif op == 'e' then
+    s = 'p'
+    l = nowms + tonumber(arg)
+    if l > ex then ex = l end
+  else
+    return -3
+  end
+  local r = ''
+  if op == 'c' then r = arg end
+  redis.call('SET', rk, pack(s, h.t, h.a, S(l), S(ex), h.c, S(nowms), h.d, h.f, e, r), 'PXAT', S(ex))
+  return 1
 end
-local r = ''
-if op == 'c' then r = arg end
-redis.call('SET', rk, pack(s, h.t, h.a, S(l), S(ex), h.c, S(nowms), h.d, h.f, e, r), 'PXAT', S(ex))
-return 1
+`
+
+// updateScript applies one op. KEYS: record. ARGV: op, token, arg.
+// Returns update's code; a corrupt record or unknown op is an error reply.
+var updateScript = redis.NewScript(luaPrelude + luaUpdate + `
+local n = update(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+if n == -2 then return corrupt(KEYS[1]) end
+if n == -3 then return redis.error_reply('idem: unknown op ' .. ARGV[1]) end
+return n
+`)
+
+// completeBatchScript completes n records, each independently, in order.
+// KEYS: record1, record2... ARGV: token1, result1, token2, result2...
+// Returns one update code per key (a corrupt record is -2 for its entry
+// only, so the other entries are still settled and reported).
+var completeBatchScript = redis.NewScript(luaPrelude + luaUpdate + `
+local out = {}
+for i = 1, #KEYS do
+  out[i] = update(KEYS[i], 'c', ARGV[2*i-1], ARGV[2*i])
+end
+return out
 `)

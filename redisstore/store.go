@@ -15,8 +15,8 @@ import (
 )
 
 // Store is an idem.Store on Redis (single node, Sentinel or Cluster). It
-// also implements idem.BatchClaimer, idem.Purger, idem.Lister, idem.Stater
-// and idem.Pinger. Safe for concurrent use.
+// also implements idem.BatchClaimer, idem.BatchCompleter, idem.Purger,
+// idem.Lister, idem.Stater and idem.Pinger. Safe for concurrent use.
 type Store struct {
 	cfg     Config
 	client  redis.UniversalClient
@@ -27,12 +27,13 @@ type Store struct {
 }
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.BatchClaimer = (*Store)(nil)
-	_ idem.Purger       = (*Store)(nil)
-	_ idem.Lister       = (*Store)(nil)
-	_ idem.Stater       = (*Store)(nil)
-	_ idem.Pinger       = (*Store)(nil)
+	_ idem.Store          = (*Store)(nil)
+	_ idem.BatchClaimer   = (*Store)(nil)
+	_ idem.BatchCompleter = (*Store)(nil)
+	_ idem.Purger         = (*Store)(nil)
+	_ idem.Lister         = (*Store)(nil)
+	_ idem.Stater         = (*Store)(nil)
+	_ idem.Pinger         = (*Store)(nil)
 )
 
 // New validates cfg, applies defaults and returns a Store. Unless
@@ -196,13 +197,17 @@ func claimArgs(args []any, req idem.ClaimRequest) []any {
 
 // Complete implements idem.Store.
 func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result []byte) error {
-	if err := idem.ValidateToken(key, token); err != nil {
-		return err
-	}
-	if err := idem.ValidateResult(result); err != nil {
+	if err := validateCompletion(key, token, result); err != nil {
 		return err
 	}
 	return s.update(ctx, "c", key, token, result)
+}
+
+func validateCompletion(key []byte, token uint64, result []byte) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	return idem.ValidateResult(result)
 }
 
 // Release implements idem.Store.
@@ -251,14 +256,23 @@ func (s *Store) update(ctx context.Context, op string, key []byte, token uint64,
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: unexpected reply: %w", opName(op), err)
 	}
+	return updateErr(n, key, token)
+}
+
+// updateErr maps a code of the Lua update function (see luaUpdate) onto
+// the error the method returns.
+func updateErr(n int64, key []byte, token uint64) error {
 	switch n {
 	case 1:
 		return nil
 	case 0:
 		return fmt.Errorf("%w: key %q", idem.ErrNotFound, trunc(key))
-	default:
+	case -1:
 		return fmt.Errorf("%w: key %q token %d", idem.ErrFenced, trunc(key), token)
+	case -2:
+		return fmt.Errorf("redisstore: key %q: corrupt record", trunc(key))
 	}
+	return fmt.Errorf("redisstore: key %q: unexpected update code %d", trunc(key), n)
 }
 
 func opName(op string) string {
