@@ -65,11 +65,28 @@ func runChild() bool {
 					fmt.Fprintln(os.Stderr, "child claim:", c.Outcome, err)
 					os.Exit(3)
 				}
-				if err := s.Complete(ctx, []byte(key), c.Record.Token, []byte("result-"+key)); err != nil {
-					fmt.Fprintln(os.Stderr, "child complete:", err)
-					os.Exit(3)
+				// Most keys complete; some are released or failed, so that
+				// every settling operation is checked after the crash.
+				switch i % 10 {
+				case 3:
+					if err := s.Release(ctx, []byte(key), c.Record.Token, "cause-"+key); err != nil {
+						fmt.Fprintln(os.Stderr, "child release:", err)
+						os.Exit(3)
+					}
+					say("RELEASED %s", key)
+				case 7:
+					if err := s.Fail(ctx, []byte(key), c.Record.Token, "cause-"+key); err != nil {
+						fmt.Fprintln(os.Stderr, "child fail:", err)
+						os.Exit(3)
+					}
+					say("FAILED %s", key)
+				default:
+					if err := s.Complete(ctx, []byte(key), c.Record.Token, []byte("result-"+key)); err != nil {
+						fmt.Fprintln(os.Stderr, "child complete:", err)
+						os.Exit(3)
+					}
+					say("DONE %s", key)
 				}
-				say("DONE %s", key)
 				if i%16 == 0 {
 					// The hot key is taken over (1ms lease) again and again
 					// and deleted: its tokens must still grow across crashes.
@@ -105,7 +122,7 @@ func TestCrashKill9(t *testing.T) {
 	var maxHot uint64
 	total := 0
 	for round := 0; round < rounds; round++ {
-		done, hots := crashRound(t, path, round)
+		done, settled, hots := crashRound(t, path, round)
 		s, err := Open(Config{Path: path})
 		if err != nil {
 			t.Fatalf("round %d: reopen after kill -9: %v", round, err)
@@ -120,6 +137,13 @@ func TestCrashKill9(t *testing.T) {
 				t.Fatalf("round %d: %q is %s with result %q", round, key, r.State, r.Result)
 			}
 		}
+		for key, state := range settled {
+			r, err := s.Get(ctx, []byte(key))
+			if err != nil || r.State != state || r.LastError != "cause-"+key {
+				t.Fatalf("round %d: acknowledged %s of %q: found %+v, %v", round, state, key, r, err)
+			}
+		}
+		total += len(settled)
 		// Tokens of this run must all exceed every earlier run's.
 		var roundMax, roundMin uint64 = 0, ^uint64(0)
 		for _, tok := range hots {
@@ -134,12 +158,14 @@ func TestCrashKill9(t *testing.T) {
 		}
 		total += len(done)
 	}
-	t.Logf("%d rounds, %d acknowledged completions checked, highest hot token %d", rounds, total, maxHot)
+	t.Logf("%d rounds, %d acknowledged completions, releases and failures checked, highest hot token %d", rounds, total, maxHot)
 }
 
 // crashRound runs one child, kills it at a random moment and returns the
-// keys whose completion it acknowledged and the hot-key tokens it acquired.
-func crashRound(t *testing.T, path string, round int) (done []string, hots []uint64) {
+// keys whose completion it acknowledged, those it acknowledged releasing or
+// failing, and the hot-key tokens it acquired.
+func crashRound(t *testing.T, path string, round int) (done []string, settled map[string]idem.State, hots []uint64) {
+	settled = map[string]idem.State{}
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChildPath+"="+path, envChildRound+"="+strconv.Itoa(round))
@@ -193,6 +219,10 @@ func crashRound(t *testing.T, path string, round int) (done []string, hots []uin
 		switch {
 		case strings.HasPrefix(l, "DONE "):
 			done = append(done, strings.TrimPrefix(l, "DONE "))
+		case strings.HasPrefix(l, "RELEASED "):
+			settled[strings.TrimPrefix(l, "RELEASED ")] = idem.StateReleased
+		case strings.HasPrefix(l, "FAILED "):
+			settled[strings.TrimPrefix(l, "FAILED ")] = idem.StateFailed
 		case strings.HasPrefix(l, "HOT "):
 			if v, err := strconv.ParseUint(strings.TrimPrefix(l, "HOT "), 10, 64); err == nil {
 				hots = append(hots, v)
@@ -223,5 +253,5 @@ func crashRound(t *testing.T, path string, round int) (done []string, hots []uin
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("round %d: child ended with %v, want SIGKILL: %s", round, err, stderr.String())
 	}
-	return done, hots
+	return done, settled, hots
 }
