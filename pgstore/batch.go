@@ -36,7 +36,8 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		return nil, err
 	}
 	out := make([]idem.BatchResult, len(reqs))
-	byKey := map[string]*keyQueue{}
+	byKey := make(map[string]*keyQueue, len(reqs))
+	slab := make([]keyQueue, 0, len(reqs)) // never grows: pointers into it stay valid
 	var queues []*keyQueue
 	var refs []keyRef
 	for i, req := range reqs {
@@ -51,7 +52,8 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 				out[i].Err = err
 				continue
 			}
-			kq = &keyQueue{ref: r}
+			slab = append(slab, keyQueue{ref: r})
+			kq = &slab[len(slab)-1]
 			byKey[string(req.Key)] = kq
 			queues = append(queues, kq)
 			refs = append(refs, r)
@@ -112,7 +114,7 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 				continue // inserted by someone after our snapshot: ask again
 			}
 			i := kq.idxs[kq.pos]
-			c, err := classify(r, reqs[i])
+			c, err := classify(*r, reqs[i])
 			if err == errSettle {
 				continue
 			}
@@ -121,8 +123,8 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 				out[i] = idem.BatchResult{}
 				return nil, s.batchErr(ctx, err, applied)
 			}
-			r.acquired = false
-			kq.rec = &r
+			r.acquired = false // later entries of the key see it as held
+			kq.rec = r
 			kq.pos++
 		}
 	}
@@ -144,7 +146,7 @@ func (s *Store) forgetPartitions() {
 
 // runBatch sends one claim statement per table touched (pipelined in one
 // round trip) and returns the rows by key hash.
-func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, send []*keyQueue) (map[string]row, error) {
+func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, send []*keyQueue) (map[string]*row, error) {
 	// Rows go to the server sorted by index key, so concurrent batches
 	// lock rows in the same order and do not deadlock each other.
 	slices.SortFunc(send, func(a, b *keyQueue) int {
@@ -188,12 +190,20 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 		groups = append(groups, group{send[lo].ref.table, args})
 		lo = hi
 	}
-	out := make(map[string]row, len(send))
+	// Rows are scanned into one slice with one reused target list: a
+	// batch of 100 otherwise costs thousands of small allocations.
+	got := make([]row, 0, len(send))
+	out := make(map[string]*row, len(send))
+	dst := make([]any, 0, 15)
 	collect := func(rows pgx.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
-			r, err := scanRow(rows, true)
-			if err != nil {
+			if len(got) == cap(got) {
+				return fmt.Errorf("pgstore: batch returned more rows than keys")
+			}
+			got = append(got, row{})
+			r := &got[len(got)-1]
+			if err := rows.Scan(r.targets(dst[:0], true)...); err != nil {
 				return err
 			}
 			out[string(r.hash)] = r

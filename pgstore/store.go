@@ -171,12 +171,18 @@ const rowCols = "key, state, token, fingerprint, result, attempts, last_error, l
 
 func scanRow(sc interface{ Scan(...any) error }, withHash bool) (row, error) {
 	var r row
-	dst := []any{&r.key, &r.state, &r.token, &r.fp, &r.result, &r.attempts, &r.lastErr, &r.lease, &r.expires, &r.created, &r.updated, &r.ttlUS, &r.now, &r.acquired}
-	if withHash {
-		dst = append([]any{&r.hash}, dst...)
-	}
-	err := sc.Scan(dst...)
+	var buf [15]any
+	err := sc.Scan(r.targets(buf[:0], withHash)...)
 	return r, err
+}
+
+// targets appends the scan destinations of r (in rowCols order, plus now
+// and acquired) to dst, so a caller scanning many rows can reuse dst.
+func (r *row) targets(dst []any, withHash bool) []any {
+	if withHash {
+		dst = append(dst, &r.hash)
+	}
+	return append(dst, &r.key, &r.state, &r.token, &r.fp, &r.result, &r.attempts, &r.lastErr, &r.lease, &r.expires, &r.created, &r.updated, &r.ttlUS, &r.now, &r.acquired)
 }
 
 func (r row) record() idem.Record {
