@@ -101,3 +101,73 @@ func benchClaims(b *testing.B, callers, batch int, coalesce bool) {
 	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
 }
+
+// BenchmarkComplete64 settles 64 held claims per iteration both ways, in the
+// same iteration so both see the same machine load: 64 Complete calls one
+// after another (what a batch consumer does without idem.BatchCompleter)
+// and one CompleteBatch of 64 (the order alternates between iterations).
+// The claims are taken with the timer stopped. It reports the median time
+// of each way and their ratio (speedup = singles / batch).
+func BenchmarkComplete64(b *testing.B) {
+	const n = 64
+	client := redis.NewClient(&redis.Options{Addr: benchAddr(), MaxRetries: -1})
+	defer client.Close()
+	prefix := uniquePrefix()
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, SkipChecks: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		s.Close()
+		dropPrefix(b, client, prefix)
+	}()
+	ctx := context.Background()
+	reqs := make([]idem.ClaimRequest, 2*n)
+	var singles, batches []time.Duration
+	result := []byte("ok")
+	for it := 0; b.Loop(); it++ {
+		b.StopTimer()
+		for i := range reqs {
+			reqs[i] = idem.ClaimRequest{Key: []byte("k" + strconv.Itoa(it*2*n+i)), Lease: time.Minute, TTL: time.Minute}
+		}
+		res, err := s.ClaimBatch(ctx, reqs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs := make([]idem.Completion, len(res))
+		for i, r := range res {
+			cs[i] = idem.Completion{Key: reqs[i].Key, Token: r.Claim.Record.Token, Result: result}
+		}
+		b.StartTimer()
+		single := func(cs []idem.Completion) {
+			t0 := time.Now()
+			for _, c := range cs {
+				if err := s.Complete(ctx, c.Key, c.Token, c.Result); err != nil {
+					b.Fatal(err)
+				}
+			}
+			singles = append(singles, time.Since(t0))
+		}
+		batch := func(cs []idem.Completion) {
+			t0 := time.Now()
+			errs, err := s.CompleteBatch(ctx, cs)
+			batches = append(batches, time.Since(t0))
+			if err != nil || slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
+				b.Fatal(err, errs)
+			}
+		}
+		if it%2 == 0 {
+			single(cs[:n])
+			batch(cs[n:])
+		} else {
+			batch(cs[:n])
+			single(cs[n:])
+		}
+	}
+	slices.Sort(singles)
+	slices.Sort(batches)
+	ms, mb := singles[len(singles)/2], batches[len(batches)/2]
+	b.ReportMetric(float64(ms.Microseconds()), "singles-µs/64")
+	b.ReportMetric(float64(mb.Microseconds()), "batch-µs/64")
+	b.ReportMetric(float64(ms)/float64(mb), "speedup")
+}

@@ -53,9 +53,9 @@ type Config struct {
 	// WaitTimeout bounds WAIT (default 500ms).
 	WaitTimeout time.Duration
 
-	// BatchChunk is the most claims one batch script runs on a
-	// single-node Redis (default 128), so one huge batch does not stall the
-	// server for others; chunks are pipelined in one round trip.
+	// BatchChunk is the most entries (claims or completions) one batch
+	// script runs (default 128), so one huge batch does not stall the server
+	// for others; chunks are pipelined in one round trip.
 	BatchChunk int
 
 	// CoalesceClaims merges concurrent Claim calls into one batch script

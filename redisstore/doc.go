@@ -20,8 +20,11 @@
 // (maxmemory-policy noeviction, WAIT, persistence).
 //
 // ClaimBatch claims many keys in one round trip: one script per chunk on a
-// single node, one script per shard pipelined per node on a cluster. With
-// Config.CoalesceClaims, concurrent Claim calls share batch scripts too.
+// single node, one script per shard pipelined per node on a cluster.
+// CompleteBatch settles many held claims the same way, each entry exactly as
+// Complete would (the same Lua update runs per entry); a batch that was only
+// partly applied returns idem.ErrUnknownOutcome, and retrying it is safe.
+// With Config.CoalesceClaims, concurrent Claim calls share batch scripts too.
 //
 // Errors are mapped onto idem's: a refused connection or a server that
 // refuses the command (LOADING, READONLY, CLUSTERDOWN...) is
