@@ -323,8 +323,13 @@ func (s *Store) execClaims(ctx context.Context, q querier, table string, items [
 // the second, which re-decides on the row as it then stands (absent again:
 // insert). Measured on MariaDB 10.11, ON DUPLICATE KEY UPDATE costs about
 // twice a plain insert even for new keys (docs/benchmarks/mysqlstore.md).
+//
+// Inside a caller's transaction the single statement is always used: there
+// the first phase's duplicate check would leave a shared lock on an existing
+// row until commit, and two transactions upgrading their shared locks to
+// exclusive in phase 2 would deadlock on every concurrent duplicate.
 func (s *Store) claimChunk(ctx context.Context, q querier, table string, items []*item, inTx bool) error {
-	if s.cfg.SingleStatement {
+	if s.cfg.SingleStatement || inTx {
 		return s.retry(ctx, !inTx, func() error { return s.execClaims(ctx, q, table, items, false) })
 	}
 	if err := s.retry(ctx, !inTx, func() error { return s.execClaims(ctx, q, table, items, true) }); err != nil {
