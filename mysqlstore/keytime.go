@@ -1,113 +1,19 @@
 package mysqlstore
 
 import (
-	"encoding/binary"
-	"encoding/hex"
-	"fmt"
-	"strconv"
 	"time"
 
-	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/keytime"
 )
 
-// KeyTimeFunc returns the time a key carries. It must be a pure function of
-// the key: the (key_time, key_hash) pair is then as unique as the key itself.
-// An error becomes ErrInvalidKey before any SQL runs.
-type KeyTimeFunc func(key []byte) (time.Time, error)
+// KeyTimeFunc returns the time a key carries; see package keytime.
+type KeyTimeFunc = keytime.Func
 
-func keyTimeErr(format string, a ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{idem.ErrInvalidKey}, a...)...)
-}
+// Key time readers for the time-ordered and time-partitioned layouts.
+var (
+	UUIDv7KeyTime = keytime.UUIDv7
+	ULIDKeyTime   = keytime.ULID
+)
 
-// UUIDv7KeyTime reads the 48-bit Unix millisecond prefix of a UUIDv7 key,
-// given as 16 raw bytes or as 36-byte canonical text (case-insensitive).
-func UUIDv7KeyTime(key []byte) (time.Time, error) {
-	var b [16]byte
-	switch len(key) {
-	case 16:
-		copy(b[:], key)
-	case 36:
-		if key[8] != '-' || key[13] != '-' || key[18] != '-' || key[23] != '-' {
-			return time.Time{}, keyTimeErr("not a UUID: %q", key)
-		}
-		h := make([]byte, 0, 32)
-		h = append(h, key[0:8]...)
-		h = append(h, key[9:13]...)
-		h = append(h, key[14:18]...)
-		h = append(h, key[19:23]...)
-		h = append(h, key[24:36]...)
-		if _, err := hex.Decode(b[:], h); err != nil {
-			return time.Time{}, keyTimeErr("not a UUID: %q", key)
-		}
-	default:
-		return time.Time{}, keyTimeErr("UUIDv7 key must be 16 bytes or 36 characters, got %d", len(key))
-	}
-	if b[6]>>4 != 7 {
-		return time.Time{}, keyTimeErr("UUID version %d, want 7", b[6]>>4)
-	}
-	ms := int64(b[0])<<40 | int64(b[1])<<32 | int64(b[2])<<24 | int64(b[3])<<16 | int64(b[4])<<8 | int64(b[5])
-	return time.UnixMilli(ms).UTC(), nil
-}
-
-const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-var crockfordVal = func() (t [256]int8) {
-	for i := range t {
-		t[i] = -1
-	}
-	for i := 0; i < len(crockford); i++ {
-		c := crockford[i]
-		t[c] = int8(i)
-		if c >= 'A' && c <= 'Z' {
-			t[c+'a'-'A'] = int8(i)
-		}
-	}
-	return t
-}()
-
-// ULIDKeyTime reads the 48-bit millisecond time of a 26-character ULID
-// (Crockford base32, case-insensitive).
-func ULIDKeyTime(key []byte) (time.Time, error) {
-	if len(key) != 26 {
-		return time.Time{}, keyTimeErr("ULID key must be 26 characters, got %d", len(key))
-	}
-	if crockfordVal[key[0]] < 0 || crockfordVal[key[0]] > 7 {
-		return time.Time{}, keyTimeErr("not a ULID: %q", key)
-	}
-	var ms int64
-	for _, c := range key[:10] {
-		v := crockfordVal[c]
-		if v < 0 {
-			return time.Time{}, keyTimeErr("not a ULID: %q", key)
-		}
-		ms = ms<<5 | int64(v)
-	}
-	for _, c := range key[10:] {
-		if crockfordVal[c] < 0 {
-			return time.Time{}, keyTimeErr("not a ULID: %q", key)
-		}
-	}
-	return time.UnixMilli(ms).UTC(), nil
-}
-
-// SnowflakeKeyTime returns a KeyTimeFunc for Snowflake IDs (41-bit
-// millisecond time above 22 low bits) counted from epoch, given as decimal
-// text or 8 big-endian bytes.
-func SnowflakeKeyTime(epoch time.Time) KeyTimeFunc {
-	return func(key []byte) (time.Time, error) {
-		var id uint64
-		if len(key) == 8 {
-			id = binary.BigEndian.Uint64(key)
-		} else {
-			v, err := strconv.ParseUint(string(key), 10, 63)
-			if err != nil || len(key) > 1 && key[0] == '0' {
-				return time.Time{}, keyTimeErr("not a Snowflake ID: %q", key)
-			}
-			id = v
-		}
-		if id>>63 != 0 {
-			return time.Time{}, keyTimeErr("snowflake ID %d has the sign bit set", id)
-		}
-		return epoch.Add(time.Duration(id>>22) * time.Millisecond).UTC(), nil
-	}
-}
+// SnowflakeKeyTime reads Snowflake IDs with the given epoch.
+func SnowflakeKeyTime(epoch time.Time) KeyTimeFunc { return keytime.Snowflake(epoch) }

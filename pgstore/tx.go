@@ -94,7 +94,9 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, claim idem.Claim) (result []byt
 //   - Concurrent duplicate inside another DoTx: waits on the row until the
 //     other transaction ends, then replays (commit) or runs (rollback).
 //   - Key held by a live lease of a standalone Claim: OutcomeInProgress
-//     (or OutcomeFailed for a failed key), fn not run.
+//     with an *idem.InProgressError; a failed key: OutcomeFailed with an
+//     *idem.FailedError. fn is not run, nothing is committed, and a caller
+//     that only checks the error cannot ack the message as done.
 //   - fn fails: rollback, no record; the error comes back as
 //     *idem.HandlerError.
 //   - Serialization failure or deadlock anywhere (SQLSTATE 40001/40P01,
@@ -157,8 +159,13 @@ func (s *Store) doTxOnce(ctx context.Context, opts pgx.TxOptions, r keyRef, req 
 		}
 		return idem.Claim{}, err
 	}
-	if c.Outcome != idem.OutcomeAcquired {
+	switch c.Outcome {
+	case idem.OutcomeCompleted:
 		return c, nil // a duplicate commits nothing
+	case idem.OutcomeInProgress:
+		return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil}
+	case idem.OutcomeFailed:
+		return c, &idem.FailedError{Key: req.Key, Cause: c.Record.LastError, Attempts: c.Record.Attempts}
 	}
 	result, err := fn(ctx, tx, c)
 	if err != nil {

@@ -141,8 +141,28 @@ func TestDoTx(t *testing.T) {
 					t.Error("effect ran while another holder's lease is live")
 					return nil, nil
 				})
-				if err != nil || c.Outcome != idem.OutcomeInProgress {
-					t.Fatalf("got %+v, %v; want in progress", c, err)
+				// An error, not just an outcome: a caller that only checks the
+				// error must not ack an in-progress duplicate as done.
+				var ip *idem.InProgressError
+				if !errors.As(err, &ip) || c.Outcome != idem.OutcomeInProgress || ip.LeaseUntil.IsZero() {
+					t.Fatalf("got %+v, %v; want in progress with an *idem.InProgressError", c, err)
+				}
+			})
+			t.Run("Failed", func(t *testing.T) {
+				c, err := s.Claim(ctxT(t), claimReq("f"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Fail(ctxT(t), []byte("f"), c.Record.Token, "poison"); err != nil {
+					t.Fatal(err)
+				}
+				_, err = s.DoTx(ctxT(t), claimReq("f"), func(context.Context, pgx.Tx, idem.Claim) ([]byte, error) {
+					t.Error("effect ran for a failed key")
+					return nil, nil
+				})
+				var fe *idem.FailedError
+				if !errors.As(err, &fe) || fe.Cause != "poison" {
+					t.Fatalf("err = %v, want *idem.FailedError with the cause", err)
 				}
 			})
 			t.Run("FingerprintMismatch", func(t *testing.T) {

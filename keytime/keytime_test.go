@@ -1,4 +1,4 @@
-package pgstore_test
+package keytime_test
 
 import (
 	"encoding/binary"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/pgstore"
+	"github.com/idem-dev/idem/keytime"
 )
 
 func TestKeyTime(t *testing.T) {
@@ -17,24 +17,24 @@ func TestKeyTime(t *testing.T) {
 	sfID := uint64(at.Sub(epoch).Milliseconds())<<22 | 12345
 	var sfBin [8]byte
 	binary.BigEndian.PutUint64(sfBin[:], sfID)
-	sf := pgstore.SnowflakeKeyTime(epoch)
+	sf := keytime.Snowflake(epoch)
 	cases := []struct {
 		name string
-		fn   pgstore.KeyTimeFunc
+		fn   keytime.Func
 		key  string
 		want time.Time // zero: must fail with ErrInvalidKey
 	}{
-		{"UUIDv7Binary", pgstore.UUIDv7KeyTime, string(uuid7(at, 9)), at},
-		{"UUIDv7Text", pgstore.UUIDv7KeyTime, "019ad03b-2f55-7abc-8def-0123456789ab", time.UnixMilli(0x019ad03b2f55).UTC()},
-		{"UUIDv7TextUpper", pgstore.UUIDv7KeyTime, "019AD03B-2F55-7ABC-8DEF-0123456789AB", time.UnixMilli(0x019ad03b2f55).UTC()},
-		{"UUIDv4", pgstore.UUIDv7KeyTime, "019ad03b-2f55-4abc-8def-0123456789ab", time.Time{}},
-		{"UUIDNoDashes", pgstore.UUIDv7KeyTime, "019ad03b2f557abc8def0123456789abcdef", time.Time{}},
-		{"UUIDShort", pgstore.UUIDv7KeyTime, "abc", time.Time{}},
-		{"ULID", pgstore.ULIDKeyTime, "01ARZ3NDEKTSV4RRFFQ69G5FAV", time.UnixMilli(1469922850259).UTC()},
-		{"ULIDLower", pgstore.ULIDKeyTime, "01arz3ndektsv4rrffq69g5fav", time.UnixMilli(1469922850259).UTC()},
-		{"ULIDOverflow", pgstore.ULIDKeyTime, "81ARZ3NDEKTSV4RRFFQ69G5FAV", time.Time{}},
-		{"ULIDBadChar", pgstore.ULIDKeyTime, "01ARZ3NDEKTSV4RRFFQ69G5FAU", time.Time{}},
-		{"ULIDShort", pgstore.ULIDKeyTime, "01ARZ3", time.Time{}},
+		{"UUIDv7Binary", keytime.UUIDv7, string(uuid7(at, 9)), at},
+		{"UUIDv7Text", keytime.UUIDv7, "019ad03b-2f55-7abc-8def-0123456789ab", time.UnixMilli(0x019ad03b2f55).UTC()},
+		{"UUIDv7TextUpper", keytime.UUIDv7, "019AD03B-2F55-7ABC-8DEF-0123456789AB", time.UnixMilli(0x019ad03b2f55).UTC()},
+		{"UUIDv4", keytime.UUIDv7, "019ad03b-2f55-4abc-8def-0123456789ab", time.Time{}},
+		{"UUIDNoDashes", keytime.UUIDv7, "019ad03b2f557abc8def0123456789abcdef", time.Time{}},
+		{"UUIDShort", keytime.UUIDv7, "abc", time.Time{}},
+		{"ULID", keytime.ULID, "01ARZ3NDEKTSV4RRFFQ69G5FAV", time.UnixMilli(1469922850259).UTC()},
+		{"ULIDLower", keytime.ULID, "01arz3ndektsv4rrffq69g5fav", time.UnixMilli(1469922850259).UTC()},
+		{"ULIDOverflow", keytime.ULID, "81ARZ3NDEKTSV4RRFFQ69G5FAV", time.Time{}},
+		{"ULIDBadChar", keytime.ULID, "01ARZ3NDEKTSV4RRFFQ69G5FAU", time.Time{}},
+		{"ULIDShort", keytime.ULID, "01ARZ3", time.Time{}},
 		{"SnowflakeText", sf, strconv.FormatUint(sfID, 10), at},
 		{"SnowflakeBinary", sf, string(sfBin[:]), at},
 		{"SnowflakeLeadingZero", sf, "0" + strconv.FormatUint(sfID, 10), time.Time{}},
@@ -64,7 +64,7 @@ func FuzzKeyTime(f *testing.F) {
 	f.Add(uuid7(time.Unix(1700000000, 0), 1))
 	f.Add([]byte("1234567890123456789"))
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1})
-	fns := []pgstore.KeyTimeFunc{pgstore.UUIDv7KeyTime, pgstore.ULIDKeyTime, pgstore.SnowflakeKeyTime(time.Unix(0, 0))}
+	fns := []keytime.Func{keytime.UUIDv7, keytime.ULID, keytime.Snowflake(time.Unix(0, 0))}
 	f.Fuzz(func(t *testing.T, key []byte) {
 		for _, fn := range fns {
 			t1, err1 := fn(key)
@@ -77,4 +77,17 @@ func FuzzKeyTime(f *testing.F) {
 			}
 		}
 	})
+}
+
+// uuid7 makes a binary UUIDv7 key for time tm.
+func uuid7(tm time.Time, seq byte) []byte {
+	var b [16]byte
+	ms := tm.UnixMilli()
+	for i := 0; i < 6; i++ {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	b[6] = 0x70
+	b[8] = 0x80
+	b[15] = seq
+	return b[:]
 }
