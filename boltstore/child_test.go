@@ -21,8 +21,8 @@ import (
 )
 
 // The crash test re-executes the test binary as a child that claims and
-// completes keys as fast as it can and prints a line for each completion
-// that returned nil; the parent kills it with SIGKILL at a random moment and
+// completes keys as fast as it can (one by one and with CompleteBatch) and
+// prints a line for each completion that returned nil; the parent kills it with SIGKILL at a random moment and
 // checks that every printed completion is in the file.
 const (
 	envChildPath  = "BOLTSTORE_CRASH_CHILD"
@@ -108,6 +108,43 @@ func runChild() bool {
 			}
 		}()
 	}
+	// One more worker settles its keys with CompleteBatch: every entry it
+	// reports done must be in the file too.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for j := 0; ; j++ {
+			reqs := make([]idem.ClaimRequest, 4)
+			for k := range reqs {
+				reqs[k] = idem.ClaimRequest{Key: []byte(fmt.Sprintf("b%s-%d-%d", round, j, k)), Lease: time.Minute, TTL: time.Hour}
+			}
+			res, err := s.ClaimBatch(ctx, reqs)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "child claim batch:", err)
+				os.Exit(3)
+			}
+			cs := make([]idem.Completion, len(reqs))
+			for k, r := range res {
+				if r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired {
+					fmt.Fprintln(os.Stderr, "child claim batch entry:", r.Claim.Outcome, r.Err)
+					os.Exit(3)
+				}
+				cs[k] = idem.Completion{Key: reqs[k].Key, Token: r.Claim.Record.Token, Result: []byte("result-" + string(reqs[k].Key))}
+			}
+			errs, err := s.CompleteBatch(ctx, cs)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "child complete batch:", err)
+				os.Exit(3)
+			}
+			for k, e := range errs {
+				if e != nil {
+					fmt.Fprintln(os.Stderr, "child complete batch entry:", e)
+					os.Exit(3)
+				}
+				say("DONE %s", cs[k].Key)
+			}
+		}
+	}()
 	wg.Wait()
 	os.Exit(0)
 	return true

@@ -26,7 +26,7 @@ func conformance(t *testing.T, fsync FsyncPolicy) {
 		}
 		t.Cleanup(func() { s.Close() })
 		return s
-	}, storetest.Features{Batch: true, Purge: true, List: true, Stats: true, LeaseUnit: 200 * time.Millisecond})
+	}, storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, LeaseUnit: 200 * time.Millisecond})
 }
 
 func TestConformance(t *testing.T) { conformance(t, FsyncGroup) }

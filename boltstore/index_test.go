@@ -46,7 +46,7 @@ func TestIndexesStayConsistent(t *testing.T) {
 			key := fmt.Sprint("k", rng.IntN(40))
 			lease := time.Duration(1+rng.IntN(5)) * time.Second
 			ttl := time.Duration(1+rng.IntN(20)) * time.Second
-			switch rng.IntN(8) {
+			switch rng.IntN(9) {
 			case 0, 1:
 				c, err := s.Claim(ctx, idem.ClaimRequest{Key: []byte(key), Lease: lease, TTL: ttl})
 				if err != nil {
@@ -70,6 +70,15 @@ func TestIndexesStayConsistent(t *testing.T) {
 			case 7:
 				reqs := []idem.ClaimRequest{{Key: []byte(key), Lease: lease, TTL: ttl}, {Key: []byte(key + "b"), Lease: lease, TTL: ttl}}
 				if _, err := s.ClaimBatch(ctx, reqs); err != nil {
+					t.Fatal(err)
+				}
+			case 8:
+				cs := []idem.Completion{
+					{Key: []byte(key), Token: tokens[key], Result: []byte("b")},
+					{Key: []byte(key + "x"), Token: tokens[key+"x"] + 1},
+					{Key: []byte(key), Token: tokens[key] + uint64(rng.IntN(2))},
+				}
+				if _, err := s.CompleteBatch(ctx, cs); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -15,8 +15,8 @@ import (
 
 // Store is an idem.Store kept in one bbolt file. A Store value serves one
 // namespace; Namespace returns handles on others in the same file, sharing
-// its commit loop. It implements idem.BatchClaimer, idem.Purger,
-// idem.Lister, idem.Stater and idem.Pinger.
+// its commit loop. It implements idem.BatchClaimer, idem.BatchCompleter,
+// idem.Purger, idem.Lister, idem.Stater and idem.Pinger.
 type Store struct {
 	b    *backend
 	ns   string
@@ -407,8 +407,12 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 	return out, nil
 }
 
+// settleFn changes a record held by the presented token; it reports whether
+// it changed anything, or a contract error (ErrFenced) for a wrong state.
+type settleFn func(r *rec, now int64) (changed bool, err error)
+
 // settle applies fn to the live record held by token, in the commit loop.
-func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(r *rec, now int64) (changed bool, err error)) error {
+func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn settleFn) error {
 	if err := idem.ValidateToken(key, token); err != nil {
 		return err
 	}
@@ -421,36 +425,40 @@ func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(r 
 		if err != nil {
 			return nil, err
 		}
-		old, err := sp.load(key)
-		if err != nil {
-			return nil, err
-		}
-		if old == nil || old.expiresAt <= now {
-			return fmt.Errorf("%w: key %q", idem.ErrNotFound, key), nil
-		}
-		if old.token != token {
-			return fmt.Errorf("%w: key %q: token %d, current %d", idem.ErrFenced, key, token, old.token), nil
-		}
-		r := *old
-		changed, err := fn(&r, now)
-		if err != nil {
-			return fmt.Errorf("%w: key %q is %s", err, key, old.state), nil
-		}
-		if !changed {
-			return nil, nil
-		}
-		r.updated = now
-		return nil, sp.put(key, old, &r)
+		return settleTx(sp, key, token, now, fn)
 	})
 }
 
-// Complete implements idem.Store.
-func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result []byte) error {
-	if err := idem.ValidateResult(result); err != nil {
-		return err
+// settleTx applies fn to the live record of key held by token inside a write
+// transaction. It returns the operation's own answer (ErrNotFound, ErrFenced)
+// and a fatal error that aborts the transaction.
+func settleTx(sp space, key []byte, token uint64, now int64, fn settleFn) (error, error) {
+	old, err := sp.load(key)
+	if err != nil {
+		return nil, err
 	}
-	result = clone(result)
-	return s.settle(ctx, key, token, func(r *rec, now int64) (bool, error) {
+	if old == nil || old.expiresAt <= now {
+		return fmt.Errorf("%w: key %q", idem.ErrNotFound, key), nil
+	}
+	if old.token != token {
+		return fmt.Errorf("%w: key %q: token %d, current %d", idem.ErrFenced, key, token, old.token), nil
+	}
+	r := *old
+	changed, err := fn(&r, now)
+	if err != nil {
+		return fmt.Errorf("%w: key %q is %s", err, key, old.state), nil
+	}
+	if !changed {
+		return nil, nil
+	}
+	r.updated = now
+	return nil, sp.put(key, old, &r)
+}
+
+// completeFn is Complete's change: InProgress -> Completed with result (which
+// the caller has validated and cloned); a repeat on Completed is a no-op.
+func completeFn(result []byte) settleFn {
+	return func(r *rec, now int64) (bool, error) {
 		switch r.state {
 		case idem.StateCompleted:
 			return false, nil
@@ -460,7 +468,72 @@ func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result [
 			return true, nil
 		}
 		return false, idem.ErrFenced
+	}
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result []byte) error {
+	if err := idem.ValidateResult(result); err != nil {
+		return err
+	}
+	return s.settle(ctx, key, token, completeFn(clone(result)))
+}
+
+// CompleteBatch implements idem.BatchCompleter: every valid entry is applied
+// by Complete's own code (settleTx with completeFn), independently, in ONE
+// operation of the commit loop (one transaction, one fsync). Invalid entries
+// get their error before anything is queued. errs[i] is what Complete would
+// have returned; a returned error means the commit failed and nothing of the
+// call is known to be durable (ErrUnavailable when nothing was applied,
+// ErrUnknownOutcome otherwise), and errs is then nil.
+func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(cs))
+	own := make([]idem.Completion, len(cs))
+	valid := 0
+	for i, c := range cs {
+		if err := idem.ValidateResult(c.Result); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := idem.ValidateToken(c.Key, c.Token); err != nil {
+			errs[i] = err
+			continue
+		}
+		own[i] = idem.Completion{Key: clone(c.Key), Token: c.Token, Result: clone(c.Result)}
+		valid++
+	}
+	if valid == 0 {
+		return errs, nil // nothing to commit
+	}
+	answers := make([]error, len(cs))
+	err := s.b.do(ctx, func(w *wtx, now int64) (error, error) {
+		sp, err := w.space(s.name)
+		if err != nil {
+			return nil, err
+		}
+		for i := range own {
+			if own[i].Key == nil {
+				continue
+			}
+			var fatal error
+			if answers[i], fatal = settleTx(sp, own[i].Key, own[i].Token, now, completeFn(own[i].Result)); fatal != nil {
+				return nil, fatal
+			}
+		}
+		return nil, nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	for i := range own {
+		if own[i].Key != nil {
+			errs[i] = answers[i]
+		}
+	}
+	return errs, nil
 }
 
 // Release implements idem.Store.
@@ -704,10 +777,11 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.BatchClaimer = (*Store)(nil)
-	_ idem.Purger       = (*Store)(nil)
-	_ idem.Lister       = (*Store)(nil)
-	_ idem.Stater       = (*Store)(nil)
-	_ idem.Pinger       = (*Store)(nil)
+	_ idem.Store          = (*Store)(nil)
+	_ idem.BatchClaimer   = (*Store)(nil)
+	_ idem.BatchCompleter = (*Store)(nil)
+	_ idem.Purger         = (*Store)(nil)
+	_ idem.Lister         = (*Store)(nil)
+	_ idem.Stater         = (*Store)(nil)
+	_ idem.Pinger         = (*Store)(nil)
 )
