@@ -52,7 +52,7 @@ func TestConformance(t *testing.T) {
 				}
 				t.Cleanup(func() { s.Close() })
 				return s
-			}, storetest.Features{Batch: true, Purge: true, List: true, Stats: true, LeaseUnit: 100 * time.Millisecond})
+			}, storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, LeaseUnit: 100 * time.Millisecond})
 		})
 	}
 }

@@ -639,9 +639,7 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	op.set(&sb)
 	sb.WriteString(", updated_at = " + nowUS + " WHERE ")
 	s.pk(&sb, l)
-	sb.WriteString(" AND token = ")
-	uintLit(&sb, token)
-	sb.WriteString(" AND state = 1 AND expires_at > " + nowUS)
+	finishCond(&sb, func(sb *strings.Builder) { uintLit(sb, token) })
 	var res sql.Result
 	err = s.retry(ctx, q == querier(s.db), func() error {
 		var err error
@@ -671,20 +669,44 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	if err != nil {
 		return mapErr(err, false)
 	}
-	if cur == token && idem.State(st) == op.target {
+	return op.verdict(key, token, idem.State(st), cur)
+}
+
+// finishCond writes the condition under which a token operation applies:
+// the caller's token still holds a live in-progress record. tok writes the
+// token (a literal, or a column of CompleteBatch's derived table).
+func finishCond(sb *strings.Builder, tok func(*strings.Builder)) {
+	sb.WriteString(" AND token = ")
+	tok(sb)
+	sb.WriteString(" AND state = 1 AND expires_at > " + nowUS)
+}
+
+// verdict judges a token operation that changed nothing, from the live
+// record read afterwards: the same token already in the target state is an
+// idempotent repeat (nil); anything else is fenced.
+func (op finishOp) verdict(key []byte, token uint64, st idem.State, cur uint64) error {
+	if cur == token && st == op.target {
 		return nil
 	}
-	return fmt.Errorf("%w: %s key %q with token %d (current token %d, state %s)", idem.ErrFenced, op.name, truncKey(key), token, cur, idem.State(st))
+	return fmt.Errorf("%w: %s key %q with token %d (current token %d, state %s)", idem.ErrFenced, op.name, truncKey(key), token, cur, st)
 }
 
 func completeOp(result []byte) finishOp {
-	return finishOp{name: "complete", target: idem.StateCompleted, set: func(sb *strings.Builder) {
-		sb.WriteString("state = 2, result = ")
+	return completeOpWith(func(sb *strings.Builder) {
 		if len(result) == 0 {
 			sb.WriteString("NULL")
 		} else {
 			hexLit(sb, result)
 		}
+	})
+}
+
+// completeOpWith is Complete's operation with the result written by res
+// (a literal, or a column of CompleteBatch's derived table).
+func completeOpWith(res func(*strings.Builder)) finishOp {
+	return finishOp{name: "complete", target: idem.StateCompleted, set: func(sb *strings.Builder) {
+		sb.WriteString("state = 2, result = ")
+		res(sb)
 		sb.WriteString(", expires_at = " + nowUS + " + ttl_us")
 	}}
 }
