@@ -295,3 +295,95 @@ func BenchmarkClaimManyCallers(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCompleteBatch measures settling held claims, the second half of a
+// batch consumer: each operation completes 100 claims the caller holds,
+// either with one CompleteBatch (one commit-loop operation) or with 100
+// Completes one after another (what Guard.CompleteBatch does on a store
+// without idem.BatchCompleter), from 1 and from 64 concurrent callers. Each
+// round first claims 100 fresh keys per caller (untimed), then times only the
+// completions of all callers together. ops/commit counts the timed phase.
+func BenchmarkCompleteBatch(b *testing.B) {
+	const per = 100
+	for _, conc := range []int{1, 64} {
+		for _, mode := range []string{"batch", "single"} {
+			b.Run(fmt.Sprintf("callers=%d/%s", conc, mode), func(b *testing.B) {
+				s := benchStore(b, FsyncGroup).(*Store)
+				ctx := context.Background()
+				all := func(n int, fn func(i int) error) {
+					var wg sync.WaitGroup
+					for i := range n {
+						wg.Go(func() {
+							if err := fn(i); err != nil {
+								b.Error(err)
+							}
+						})
+					}
+					wg.Wait()
+				}
+				var (
+					seq       atomic.Int64
+					timed     time.Duration
+					completed int
+					commits   int64
+					ops       int64
+				)
+				b.StopTimer()
+				for left := b.N; left > 0 && !b.Failed(); left -= conc {
+					n := min(conc, left)
+					held := make([][]idem.Completion, n)
+					all(n, func(i int) error {
+						reqs := make([]idem.ClaimRequest, per)
+						for j := range reqs {
+							reqs[j] = idem.ClaimRequest{Key: strconv.AppendInt([]byte("cb-"), seq.Add(1), 10), Lease: time.Minute, TTL: time.Hour}
+						}
+						res, err := s.ClaimBatch(ctx, reqs)
+						if err != nil {
+							return err
+						}
+						held[i] = make([]idem.Completion, per)
+						for j, r := range res {
+							if r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired {
+								return fmt.Errorf("claim: %v %v", r.Claim.Outcome, r.Err)
+							}
+							held[i][j] = idem.Completion{Key: reqs[j].Key, Token: r.Claim.Record.Token, Result: []byte("ok")}
+						}
+						return nil
+					})
+					c0, o0 := s.b.commits.Load(), s.b.committedOps.Load()
+					start := time.Now()
+					b.StartTimer()
+					all(n, func(i int) error {
+						if mode == "batch" {
+							errs, err := s.CompleteBatch(ctx, held[i])
+							if err != nil {
+								return err
+							}
+							for _, e := range errs {
+								if e != nil {
+									return e
+								}
+							}
+							return nil
+						}
+						for _, c := range held[i] {
+							if err := s.Complete(ctx, c.Key, c.Token, c.Result); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					b.StopTimer()
+					timed += time.Since(start)
+					commits += s.b.commits.Load() - c0
+					ops += s.b.committedOps.Load() - o0
+					completed += n * per
+				}
+				b.ReportMetric(float64(completed)/timed.Seconds(), "completions/s")
+				if commits > 0 {
+					b.ReportMetric(float64(ops)/float64(commits), "ops/commit")
+				}
+			})
+		}
+	}
+}
