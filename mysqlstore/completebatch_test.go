@@ -66,7 +66,7 @@ func TestCompleteBatchDuplicatesInOrder(t *testing.T) {
 				with(k2, "one"), with(k2, "two"), // same token twice: first result wins, both nil
 				stale[0], k0, // stale then current
 				k1, stale[1], // current then stale
-				with(done, "again"),                                   // repeat of an earlier Complete
+				with(done, "again"), // repeat of an earlier Complete
 				{Key: k2.Key, Token: k2.Token + 1_000_000, Result: nil}, // foreign token after completion
 				{Key: []byte("s-none"), Token: 1},
 			}

@@ -11,6 +11,11 @@
 // statement only. Tokens come from a SEQUENCE (<table>_token), so they grow
 // per key across expiry, purge and delete.
 //
+// Complete is one conditional UPDATE; CompleteBatch (idem.BatchCompleter)
+// applies many completions with the same SET clause and condition in one
+// UPDATE ... JOIN statement per table, one round trip for a batch of held
+// claims.
+//
 // Records are keyed by (namespace, SHA-256(key)[:16]) in a BINARY column,
 // never by the key text: MariaDB's default collations compare strings
 // case-insensitively and ignore trailing spaces. The raw key is stored

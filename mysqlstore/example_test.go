@@ -3,6 +3,7 @@ package mysqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -104,4 +105,34 @@ func ExampleStore_ClaimBatch() {
 	// acquired
 	// in_progress
 	// error: idem: invalid key: empty key
+}
+
+func ExampleStore_CompleteBatch() {
+	db, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	cfg := mysqlstore.Config{DB: db}
+	_ = mysqlstore.Migrate(ctx, cfg)
+	s, _ := mysqlstore.Open(ctx, cfg)
+	defer s.Close()
+	var cs []idem.Completion
+	for _, k := range []string{"a", "b"} {
+		c, _ := s.Claim(ctx, idem.ClaimRequest{Key: []byte(k), Lease: time.Minute, TTL: time.Hour})
+		cs = append(cs, idem.Completion{Key: []byte(k), Token: c.Record.Token, Result: []byte("ok-" + k)})
+	}
+	cs = append(cs, idem.Completion{Key: []byte("a"), Token: cs[0].Token + 1000}) // not the holder
+	errs, err := s.CompleteBatch(ctx, cs)                                         // one statement
+	if err != nil {
+		panic(err) // the call failed as a whole; retrying is safe
+	}
+	for i, e := range errs {
+		fmt.Println(string(cs[i].Key), errors.Is(e, idem.ErrFenced))
+	}
+	r, _ := s.Get(ctx, []byte("a"))
+	fmt.Println(r.State, string(r.Result))
+	// Output:
+	// a false
+	// b false
+	// a true
+	// completed ok-a
 }

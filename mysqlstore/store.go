@@ -26,8 +26,8 @@ const (
 )
 
 // Store is an idem.Store on a MariaDB/MySQL table. It also implements
-// idem.BatchClaimer, Purger, Lister, Stater and Pinger, and the transactional
-// ClaimTx / CompleteTx / DoTx.
+// idem.BatchClaimer, BatchCompleter, Purger, Lister, Stater and Pinger, and
+// the transactional ClaimTx / CompleteTx / DoTx.
 type Store struct {
 	cfg    Config
 	db     *sql.DB
