@@ -145,12 +145,32 @@ func TestReplicaSafety(t *testing.T) {
 		time.Sleep(25 * time.Millisecond)
 	}
 
+	// The replica reports its link up before the master counts it online
+	// and receives its acks: wait until a WAIT on the master is answered.
+	for i := 0; ; i++ {
+		n, err := mc.Wait(ctx, 1, 500*time.Millisecond).Result()
+		if err == nil && n >= 1 {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("master never saw the replica acknowledge: %v %v", n, err)
+		}
+	}
+
 	onReplica := mustNew(t, redisstore.Config{Client: rc})
 	if _, err := onReplica.Claim(ctx, claimReq("r")); !errors.Is(err, idem.ErrUnavailable) {
 		t.Fatalf("Claim on a read-only replica: %v, want ErrUnavailable", err)
 	}
 
-	waiting := mustNew(t, redisstore.Config{Client: mc, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
+	// WAIT may block up to WaitTimeout, so the client must read for longer.
+	if _, err := redisstore.New(ctx, redisstore.Config{Client: mc, WaitReplicas: 1, WaitTimeout: 2 * time.Second}); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("New with WaitTimeout beyond the client's ReadTimeout: %v, want ErrInvalidArgument", err)
+	}
+	// A replica's first acknowledgement after its sync can take about a
+	// second: give WAIT room, and the client longer still.
+	wc := redis.NewClient(&redis.Options{Addr: master.Addr(), MaxRetries: -1, ReadTimeout: 5 * time.Second})
+	t.Cleanup(func() { wc.Close() })
+	waiting := mustNew(t, redisstore.Config{Client: wc, WaitReplicas: 1, WaitTimeout: 3 * time.Second})
 	c, err := waiting.Claim(ctx, claimReq("w1"))
 	if err != nil || c.Outcome != idem.OutcomeAcquired {
 		t.Fatalf("Claim with WAIT 1 and a live replica: %v %v", c.Outcome, err)

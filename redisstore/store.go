@@ -46,6 +46,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
+	if rt, ok := clientReadTimeout(cfg.Client); ok && cfg.WaitReplicas > 0 && rt <= cfg.WaitTimeout {
+		// WAIT blocks up to WaitTimeout on the server; a shorter client read
+		// timeout turns every slow replica into an i/o timeout (unknown outcome).
+		return nil, fmt.Errorf("%w: redisstore: the client's ReadTimeout %s must be longer than WaitTimeout %s", idem.ErrInvalidArgument, rt, cfg.WaitTimeout)
+	}
 	s := newStore(cfg)
 	if !cfg.SkipChecks {
 		s.checkEviction(ctx)
@@ -357,4 +362,25 @@ func trunc(k []byte) []byte {
 
 func mapErr(ctx context.Context, err error, op string, write bool) error {
 	return rediserr.Map(ctx, err, "redisstore: "+op, write)
+}
+
+// clientReadTimeout reports the client's effective read timeout (go-redis:
+// 0 means 3s, negative means none) where the client type exposes it.
+func clientReadTimeout(c redis.UniversalClient) (time.Duration, bool) {
+	var rt time.Duration
+	switch c := c.(type) {
+	case *redis.Client:
+		rt = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		rt = c.Options().ReadTimeout
+	default:
+		return 0, false
+	}
+	switch {
+	case rt == 0:
+		return 3 * time.Second, true
+	case rt < 0:
+		return 0, false
+	}
+	return rt, true
 }
