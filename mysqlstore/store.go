@@ -389,17 +389,24 @@ func newNonce() uint64 { return rand.Uint64() | 1 }
 // claimChunk); one round trip for a new key, two for a key that already has
 // a record. Deadlocks (1213) are retried.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
-	if err := idem.ValidateClaim(req); err != nil {
-		return idem.Claim{}, err
-	}
-	l, err := s.locate(req.Key)
+	l, err := s.prepareClaim(ctx, req)
 	if err != nil {
 		return idem.Claim{}, err
 	}
-	if err := s.check(ctx); err != nil {
-		return idem.Claim{}, err
-	}
 	return s.claimOne(ctx, s.db, req, l, true)
+}
+
+// prepareClaim validates req, locates its row and checks the store is open
+// and ctx live: everything before the first SQL of Claim and ClaimTx.
+func (s *Store) prepareClaim(ctx context.Context, req idem.ClaimRequest) (loc, error) {
+	if err := idem.ValidateClaim(req); err != nil {
+		return loc{}, err
+	}
+	l, err := s.locate(req.Key)
+	if err != nil {
+		return loc{}, err
+	}
+	return l, s.check(ctx)
 }
 
 func (s *Store) claimOne(ctx context.Context, q querier, req idem.ClaimRequest, l loc, retry bool) (idem.Claim, error) {

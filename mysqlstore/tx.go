@@ -22,14 +22,8 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, req idem.ClaimRequest) 
 	if tx == nil {
 		return idem.Claim{}, fmt.Errorf("%w: mysqlstore: nil tx", idem.ErrInvalidArgument)
 	}
-	if err := idem.ValidateClaim(req); err != nil {
-		return idem.Claim{}, err
-	}
-	l, err := s.locate(req.Key)
+	l, err := s.prepareClaim(ctx, req)
 	if err != nil {
-		return idem.Claim{}, err
-	}
-	if err := s.check(ctx); err != nil {
 		return idem.Claim{}, err
 	}
 	return s.claimOne(ctx, tx, req, l, false)
@@ -116,14 +110,8 @@ func (s *Store) DoTx(ctx context.Context, req idem.ClaimRequest, fn TxFunc) (ide
 	if fn == nil {
 		return idem.Claim{}, fmt.Errorf("%w: mysqlstore: nil TxFunc", idem.ErrInvalidArgument)
 	}
-	if err := idem.ValidateClaim(req); err != nil {
-		return idem.Claim{}, err
-	}
-	l, err := s.locate(req.Key)
+	l, err := s.prepareClaim(ctx, req)
 	if err != nil {
-		return idem.Claim{}, err
-	}
-	if err := s.check(ctx); err != nil {
 		return idem.Claim{}, err
 	}
 	for attempt := 0; ; attempt++ {

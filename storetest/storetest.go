@@ -192,20 +192,7 @@ func (s *suite) testExactlyOneAcquires(t *testing.T) {
 	const keys = 10
 	for k := 0; k < keys; k++ {
 		key := fmt.Sprintf("contended-%d", k)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		results := make([]idem.Claim, s.feat.Goroutines)
-		errs := make([]error, s.feat.Goroutines)
-		for g := 0; g < s.feat.Goroutines; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				results[g], errs[g] = st.Claim(ctxT(t), req(key, longLease, longTTL))
-			}()
-		}
-		close(start)
-		wg.Wait()
+		results, errs := s.claimAtOnce(t, st, key)
 		acquired := 0
 		var token uint64
 		for g := range results {
@@ -228,6 +215,26 @@ func (s *suite) testExactlyOneAcquires(t *testing.T) {
 			t.Fatalf("record %+v, want token %d attempts 1", r, token)
 		}
 	}
+}
+
+// claimAtOnce has Features.Goroutines goroutines claim key at the same
+// moment and returns each one's answer.
+func (s *suite) claimAtOnce(t *testing.T, st idem.Store, key string) ([]idem.Claim, []error) {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	res := make([]idem.Claim, s.feat.Goroutines)
+	errs := make([]error, s.feat.Goroutines)
+	for g := range res {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			res[g], errs[g] = st.Claim(ctxT(t), req(key, longLease, longTTL))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return res, errs
 }
 
 func randomBytes(n int) []byte {
@@ -338,20 +345,7 @@ func (s *suite) testConcurrentTakeover(t *testing.T) {
 		key := fmt.Sprintf("expired-%d", k)
 		first := mustClaim(t, st, req(key, u, longTTL), idem.OutcomeAcquired)
 		time.Sleep(2 * u)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		res := make([]idem.Claim, s.feat.Goroutines)
-		errs := make([]error, s.feat.Goroutines)
-		for g := range res {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				res[g], errs[g] = st.Claim(ctxT(t), req(key, longLease, longTTL))
-			}()
-		}
-		close(start)
-		wg.Wait()
+		res, errs := s.claimAtOnce(t, st, key)
 		n := 0
 		for g := range res {
 			mustOK(t, "concurrent takeover claim", errs[g])
