@@ -13,22 +13,39 @@ import (
 )
 
 // keyQueue holds the batch entries for one key, in request order. rec is
-// the record as it stood after the last settled entry (nil: ask the server).
+// the record as it stood after the last settled entry (nil: ask the server);
+// got is what the last runBatch read for the key (nil: nothing).
 type keyQueue struct {
 	ref  keyRef
 	idxs []int
 	pos  int
 	rec  *row
+	got  *row
 }
 
-// ClaimBatch implements idem.BatchClaimer: one round trip for the whole
-// batch (one statement per table touched, pipelined), with every key's
-// outcome read back. Repeated keys are settled in Go against the record the
-// earlier entry left, exactly as claims one after another would be; only a
-// repeat that would take the key over again (after its first entry got a
-// fingerprint mismatch on a released record) costs another round trip.
+// ClaimBatch implements idem.BatchClaimer. Fresh keys cost one round trip:
+// one insert-only statement per table touched (pipelined), the bare
+// multi-row INSERT ... ON CONFLICT DO NOTHING plus RETURNING token and time.
+// Keys that already had a row come back absent and are claimed by a second
+// statement, the atomic ON CONFLICT DO UPDATE ... WHERE takeover that reads
+// every outcome back. Repeated keys are settled in Go against the record
+// the earlier entry left, exactly as claims one after another would be;
+// only a repeat that would take the key over again (after its first entry
+// got a fingerprint mismatch on a released record) costs another round trip.
 func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
 	return s.claimBatch(ctx, s.pool, reqs, false)
+}
+
+// keyOrder is the order rows go to the server in: concurrent batches lock
+// rows in the same order and do not deadlock each other.
+func keyOrder(a, b *keyRef) int {
+	if a.table != b.table {
+		return a.table - b.table
+	}
+	if c := a.ktime.Compare(b.ktime); c != 0 {
+		return c
+	}
+	return bytes.Compare(a.hash, b.hash)
 }
 
 func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, inTx bool) ([]idem.BatchResult, error) {
@@ -36,41 +53,60 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		return nil, err
 	}
 	out := make([]idem.BatchResult, len(reqs))
-	byKey := make(map[string]*keyQueue, len(reqs))
-	slab := make([]keyQueue, 0, len(reqs)) // never grows: pointers into it stay valid
-	var queues []*keyQueue
-	var refs []keyRef
+	// One keyQueue per valid request, sorted by index key (then request
+	// order); entries of one key end up adjacent and are merged.
+	slab := make([]keyQueue, 0, len(reqs))
+	idxBuf := make([]int, len(reqs))
 	for i, req := range reqs {
 		if err := idem.ValidateClaim(req); err != nil {
 			out[i].Err = err
 			continue
 		}
-		kq := byKey[string(req.Key)]
-		if kq == nil {
-			r, err := s.ref(req.Key)
-			if err != nil {
-				out[i].Err = err
-				continue
-			}
-			slab = append(slab, keyQueue{ref: r})
-			kq = &slab[len(slab)-1]
-			byKey[string(req.Key)] = kq
-			queues = append(queues, kq)
-			refs = append(refs, r)
+		r, err := s.ref(req.Key)
+		if err != nil {
+			out[i].Err = err
+			continue
 		}
-		kq.idxs = append(kq.idxs, i)
+		idxBuf[i] = i
+		// Full capacity: a repeated key's append copies, the rest share idxBuf.
+		slab = append(slab, keyQueue{ref: r, idxs: idxBuf[i : i+1 : i+1]})
 	}
-	if len(queues) == 0 {
+	if len(slab) == 0 {
 		return out, nil
+	}
+	slices.SortFunc(slab, func(a, b keyQueue) int {
+		if c := keyOrder(&a.ref, &b.ref); c != 0 {
+			return c
+		}
+		if c := bytes.Compare(a.ref.key, b.ref.key); c != 0 {
+			return c
+		}
+		return a.idxs[0] - b.idxs[0]
+	})
+	w := 0
+	for j := range slab {
+		if w > 0 && slab[w-1].ref.table == slab[j].ref.table && bytes.Equal(slab[w-1].ref.key, slab[j].ref.key) {
+			slab[w-1].idxs = append(slab[w-1].idxs, slab[j].idxs[0])
+			continue
+		}
+		slab[w] = slab[j]
+		w++
+	}
+	slab = slab[:w]
+	queues := make([]*keyQueue, len(slab))
+	refs := make([]keyRef, len(slab))
+	for j := range slab {
+		queues[j], refs[j] = &slab[j], slab[j].ref
 	}
 	if err := s.ensurePartitionsFor(ctx, refs); err != nil {
 		return nil, err
 	}
 	applied := false
+	send := make([]*keyQueue, 0, len(queues))
 	for round := 0; ; round++ {
 		// Settle what can be settled in Go; collect one entry per key that
-		// needs the server.
-		var send []*keyQueue
+		// needs the server (in index order, as queues are).
+		send = send[:0]
 		for _, kq := range queues {
 			for kq.pos < len(kq.idxs) {
 				if kq.rec == nil {
@@ -94,7 +130,8 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		if round >= maxSettle {
 			return nil, s.batchErr(ctx, errSettle, applied)
 		}
-		rows, err := s.runBatch(ctx, q, reqs, send)
+		wrote, err := s.runBatch(ctx, q, reqs, send, round == 0)
+		applied = applied || wrote
 		if err != nil {
 			if !inTx && s.retryable(ctx, err) {
 				if isNoPartition(err) {
@@ -107,10 +144,9 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 			}
 			return nil, s.batchErr(ctx, err, applied)
 		}
-		applied = true
 		for _, kq := range send {
-			r, ok := rows[string(kq.ref.hash)]
-			if !ok {
+			r := kq.got
+			if r == nil {
 				continue // inserted by someone after our snapshot: ask again
 			}
 			i := kq.idxs[kq.pos]
@@ -132,7 +168,7 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 
 func (s *Store) batchErr(ctx context.Context, err error, applied bool) error {
 	if applied {
-		// Earlier rounds took effect: the batch as a whole is unknown.
+		// Earlier statements took effect: the batch as a whole is unknown.
 		return fmt.Errorf("%w: pgstore: batch partly applied: %w", idem.ErrUnknownOutcome, err)
 	}
 	return s.mapErr(ctx, err, true)
@@ -144,59 +180,92 @@ func (s *Store) forgetPartitions() {
 	s.partMu.Unlock()
 }
 
-// runBatch sends one claim statement per table touched (pipelined in one
-// round trip) and returns the rows by key hash.
-func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, send []*keyQueue) (map[string]*row, error) {
-	// Rows go to the server sorted by index key, so concurrent batches
-	// lock rows in the same order and do not deadlock each other.
-	slices.SortFunc(send, func(a, b *keyQueue) int {
-		if a.ref.table != b.ref.table {
-			return a.ref.table - b.ref.table
-		}
-		if c := a.ref.ktime.Compare(b.ref.ktime); c != 0 {
-			return c
-		}
-		return bytes.Compare(a.ref.hash, b.ref.hash)
-	})
-	type group struct {
-		table int
-		args  []any
-	}
-	var groups []group
+// span is one statement's share of send: rows of one table, at most
+// tokenScale of them.
+type span struct{ lo, hi int }
+
+// spans cuts send (sorted by table) into statements.
+func spans(send []*keyQueue) []span {
+	var sp []span
 	for lo := 0; lo < len(send); {
 		hi := lo
-		for hi < len(send) && send[hi].ref.table == send[lo].ref.table {
+		for hi < len(send) && hi-lo < tokenScale && send[hi].ref.table == send[lo].ref.table {
 			hi++
 		}
-		n := hi - lo
-		hashes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
-		leases, ttls := make([]int64, n), make([]int64, n)
-		var times []time.Time
-		if s.cfg.Layout.timed() {
-			times = make([]time.Time, n)
+		sp = append(sp, span{lo, hi})
+		lo = hi
+	}
+	return sp
+}
+
+// runBatch claims one entry of each queue in send (sorted by index key) and
+// sets each queue's got. With fast (the first round), it first runs the
+// insert-only statement and sends only the keys that conflicted to the
+// takeover statement. wrote reports whether a statement may have taken
+// effect.
+func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, send []*keyQueue, fast bool) (wrote bool, err error) {
+	for _, kq := range send {
+		kq.got = nil
+	}
+	sp := spans(send)
+	args := s.batchArgs(reqs, send, sp)
+	rest := send
+	if fast {
+		got := make([]row, len(send))
+		n := 0
+		err := s.pipeline(ctx, q, sp, args, func(j int) string { return s.tables[send[sp[j].lo].ref.table].fast }, func(j int, rows pgx.Rows) error {
+			lo, hi := sp[j].lo, sp[j].hi
+			var tok int64
+			var now time.Time
+			base := int64(-1)
+			for rows.Next() {
+				if err := rows.Scan(&tok, &now); err != nil {
+					return err
+				}
+				k := int(tok % tokenScale)
+				if base < 0 {
+					base = tok / tokenScale
+				}
+				if tok/tokenScale != base || lo+k >= hi || send[lo+k].got != nil {
+					return fmt.Errorf("pgstore: batch insert returned an unexpected token %d", tok)
+				}
+				kq := send[lo+k]
+				req := &reqs[kq.idxs[kq.pos]]
+				r := &got[lo+k]
+				*r = row{hash: kq.ref.hash, key: req.Key, state: stInProgress, token: tok, attempts: 1,
+					lease:   now.Add(time.Duration(req.Lease.Microseconds()) * time.Microsecond),
+					expires: now.Add(time.Duration(max(req.Lease.Microseconds(), req.TTL.Microseconds())) * time.Microsecond),
+					created: now, updated: now, ttlUS: req.TTL.Microseconds(), now: now, acquired: true}
+				if len(req.Fingerprint) > 0 {
+					r.fp = bytes.Clone(req.Fingerprint)
+				}
+				kq.got = r
+				n++
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return false, err // one implicit transaction: nothing applied
 		}
-		for j, kq := range send[lo:hi] {
-			req := reqs[kq.idxs[kq.pos]]
-			hashes[j], keys[j], fps[j] = kq.ref.hash, req.Key, req.Fingerprint
-			leases[j], ttls[j] = req.Lease.Microseconds(), req.TTL.Microseconds()
-			if times != nil {
-				times[j] = kq.ref.ktime
+		if n == len(send) {
+			return true, nil
+		}
+		// The keys that already had a row go to the takeover statement.
+		rest = make([]*keyQueue, 0, len(send)-n)
+		for _, kq := range send {
+			if kq.got == nil {
+				rest = append(rest, kq)
 			}
 		}
-		args := []any{s.ns, hashes, keys, fps, leases, ttls}
-		if times != nil {
-			args = append(args, times)
-		}
-		groups = append(groups, group{send[lo].ref.table, args})
-		lo = hi
+		sp = spans(rest)
+		args = s.batchArgs(reqs, rest, sp)
 	}
 	// Rows are scanned into one slice with one reused target list: a
 	// batch of 100 otherwise costs thousands of small allocations.
-	got := make([]row, 0, len(send))
-	out := make(map[string]*row, len(send))
+	got := make([]row, 0, len(rest))
+	byHash := make(map[string]*row, len(rest))
 	dst := make([]any, 0, 15)
-	collect := func(rows pgx.Rows) error {
-		defer rows.Close()
+	err = s.pipeline(ctx, q, sp, args, func(j int) string { return s.tables[rest[sp[j].lo].ref.table].batch }, func(_ int, rows pgx.Rows) error {
 		for rows.Next() {
 			if len(got) == cap(got) {
 				return fmt.Errorf("pgstore: batch returned more rows than keys")
@@ -206,34 +275,82 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 			if err := rows.Scan(r.targets(dst[:0], true)...); err != nil {
 				return err
 			}
-			out[string(r.hash)] = r
+			byHash[string(r.hash)] = r
 		}
 		return rows.Err()
+	})
+	if err != nil {
+		return fast, err // the insert-only statement, if any, committed
 	}
-	if len(groups) == 1 {
-		rows, err := q.Query(ctx, s.tables[groups[0].table].batch, groups[0].args...)
-		if err != nil {
-			return nil, err
+	for _, kq := range rest {
+		kq.got = byHash[string(kq.ref.hash)]
+	}
+	return true, nil
+}
+
+// batchArgs builds the statement arguments of each span of send: $1 ns,
+// then arrays of key hash, key, fingerprint, lease µs, TTL µs (and key
+// time), each span's arrays slicing one backing array per column.
+func (s *Store) batchArgs(reqs []idem.ClaimRequest, send []*keyQueue, sp []span) [][]any {
+	n := len(send)
+	hashes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	leases, ttls := make([]int64, n), make([]int64, n)
+	var times []time.Time
+	if s.cfg.Layout.timed() {
+		times = make([]time.Time, n)
+	}
+	for j, kq := range send {
+		req := &reqs[kq.idxs[kq.pos]]
+		hashes[j], keys[j], fps[j] = kq.ref.hash, req.Key, req.Fingerprint
+		leases[j], ttls[j] = req.Lease.Microseconds(), req.TTL.Microseconds()
+		if times != nil {
+			times[j] = kq.ref.ktime
 		}
-		return out, collect(rows)
+	}
+	out := make([][]any, len(sp))
+	for j, g := range sp {
+		lo, hi := g.lo, g.hi
+		a := []any{s.ns, hashes[lo:hi:hi], keys[lo:hi:hi], fps[lo:hi:hi], leases[lo:hi:hi], ttls[lo:hi:hi]}
+		if times != nil {
+			a = append(a, times[lo:hi:hi])
+		}
+		out[j] = a
+	}
+	return out
+}
+
+// pipeline runs one statement per span (sql(j) with args[j]) in one round
+// trip and hands each statement's rows to collect. Outside a caller's
+// transaction the statements run in one implicit transaction (pgx sends
+// one Sync for the batch): an error means none took effect.
+func (s *Store) pipeline(ctx context.Context, q querier, sp []span, args [][]any, sql func(int) string, collect func(int, pgx.Rows) error) error {
+	if len(sp) == 1 {
+		rows, err := q.Query(ctx, sql(0), args[0]...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		return collect(0, rows)
 	}
 	b := &pgx.Batch{}
-	for _, g := range groups {
-		b.Queue(s.tables[g.table].batch, g.args...)
+	for j := range sp {
+		b.Queue(sql(j), args[j]...)
 	}
 	br := q.SendBatch(ctx, b)
-	for range groups {
+	for j := range sp {
 		rows, err := br.Query()
 		if err != nil {
 			_ = br.Close()
-			return nil, err
+			return err
 		}
-		if err := collect(rows); err != nil {
+		err = collect(j, rows)
+		rows.Close()
+		if err != nil {
 			_ = br.Close()
-			return nil, err
+			return err
 		}
 	}
-	return out, br.Close()
+	return br.Close()
 }
 
 // CompleteBatch implements idem.BatchCompleter: one token-checked UPDATE

@@ -419,11 +419,23 @@ func (s *Store) mutate(ctx context.Context, q querier, m mutation, r keyRef, tok
 	}
 }
 
+// Tokens are sequence values times tokenScale: a single claim and every
+// takeover use nextval*tokenScale, and ClaimBatch's fast path draws one
+// nextval per statement and numbers its rows v*tokenScale+0..tokenScale-1
+// (so a statement carries at most tokenScale rows). Every token is thus
+// above every token drawn from an earlier sequence value, whichever path
+// drew it. A takeover draws its value after the row lock is held, so it
+// exceeds every token the row ever had.
+const tokenScale = 1024
+
+var tokenScaleSQL = fmt.Sprint(tokenScale)
+
 // tableSQL holds the statements for one physical (or parent) table.
 type tableSQL struct {
 	name   string // quoted
 	claim  string
 	batch  string
+	fast   string // ClaimBatch's insert-only first statement
 	get    string
 	del    string
 	mut    [4]string
@@ -461,7 +473,7 @@ func buildSQL(c Config, t string) tableSQL {
 	// On takeover of an expired record everything restarts as for a new
 	// one. The token is drawn here, after the row lock is held, so it is
 	// larger than any token the row ever had.
-	set := `token = nextval('` + seq + `'),
+	set := `token = nextval('` + seq + `') * ` + tokenScaleSQL + `,
 	state = 1,
 	attempts = CASE WHEN r.expires_at <= ` + now + ` THEN 1 ELSE r.attempts + 1 END,
 	fingerprint = CASE WHEN r.expires_at <= ` + now + ` OR r.fingerprint = '' THEN EXCLUDED.fingerprint ELSE r.fingerprint END,
@@ -478,7 +490,7 @@ func buildSQL(c Config, t string) tableSQL {
 	s.name = T
 	s.claim = `WITH ins AS (
 INSERT INTO ` + T + ` AS r (` + insCols + `)
-VALUES (` + kvals + `, ` + p(1) + `, 1, nextval('` + seq + `'), coalesce(` + p(2) + `::bytea, ''), 1,
+VALUES (` + kvals + `, ` + p(1) + `, 1, nextval('` + seq + `') * ` + tokenScaleSQL + `, coalesce(` + p(2) + `::bytea, ''), 1,
 	` + now + ` + ` + p(3) + `::bigint` + us + `,
 	` + now + ` + greatest(` + p(3) + `::bigint, ` + p(4) + `::bigint)` + us + `,
 	` + now + `, ` + now + `, ` + p(4) + `::bigint)
@@ -511,7 +523,7 @@ SELECT ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHE
 	s.batch = `WITH req AS (SELECT * FROM ` + unnest + ` AS q(` + reqCols + `)),
 ins AS (
 INSERT INTO ` + T + ` AS r (` + insCols + `)
-SELECT ` + selK + `, q.key, 1, nextval('` + seq + `'), coalesce(q.fp, ''), 1,
+SELECT ` + selK + `, q.key, 1, nextval('` + seq + `') * ` + tokenScaleSQL + `, coalesce(q.fp, ''), 1,
 	` + now + ` + q.lease_us` + us + `,
 	` + now + ` + greatest(q.lease_us, q.ttl_us)` + us + `,
 	` + now + `, ` + now + `, q.ttl_us
@@ -523,6 +535,26 @@ SELECT key_hash, ` + rowCols + `, ` + now + `, true FROM ins
 UNION ALL
 SELECT r.key_hash, ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + joinK + `
 WHERE (SELECT count(*) FROM ins) < cardinality($2::bytea[])` // one-time filter: skipped when every row was inserted
+
+	// Fast path of ClaimBatch: the bare multi-row insert plus RETURNING of
+	// what the client cannot compute. One nextval per statement (an
+	// InitPlan, evaluated once) numbers the rows: token = v*tokenScale +
+	// ordinality-1, so the client maps each returned token back to its
+	// request. Keys that conflicted come back absent and go through the
+	// batch statement above (the atomic ON CONFLICT DO UPDATE ... WHERE
+	// takeover, token drawn under the row lock).
+	fastUnnest := "unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[], $6::bigint[]) WITH ORDINALITY AS q(key_hash, key, fp, lease_us, ttl_us, i)"
+	if timed {
+		fastUnnest = "unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[], $6::bigint[], $7::timestamptz[]) WITH ORDINALITY AS q(key_hash, key, fp, lease_us, ttl_us, key_time, i)"
+	}
+	s.fast = `INSERT INTO ` + T + ` AS r (` + insCols + `)
+SELECT ` + selK + `, q.key, 1, (SELECT nextval('` + seq + `')) * ` + tokenScaleSQL + ` + q.i - 1, coalesce(q.fp, ''), 1,
+	` + now + ` + q.lease_us` + us + `,
+	` + now + ` + greatest(q.lease_us, q.ttl_us)` + us + `,
+	` + now + `, ` + now + `, q.ttl_us
+FROM ` + fastUnnest + `
+ON CONFLICT (` + c.pkCols() + `) DO NOTHING
+RETURNING r.token, r.created_at`
 
 	s.get = `SELECT ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHERE ` + kcond("r") + ` AND r.expires_at > ` + now
 	s.del = `UPDATE ` + T + ` r SET expires_at = 'epoch', updated_at = ` + now + ` WHERE ` + kcond("r") + ` AND r.key = ` + p(1) + ` AND r.expires_at > ` + now
