@@ -2,7 +2,9 @@ package pgstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // keyQueue holds the batch entries for one key, in request order. rec is
@@ -36,16 +39,26 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 	return s.claimBatch(ctx, s.pool, reqs, false)
 }
 
-// keyOrder is the order rows go to the server in: concurrent batches lock
+// sortKey orders a batch the way rows go to the server: by table, key time
+// and key hash (the index order), so concurrent batches insert and lock
 // rows in the same order and do not deadlock each other.
-func keyOrder(a, b *keyRef) int {
-	if a.table != b.table {
-		return a.table - b.table
+type sortKey struct {
+	table    int32
+	kt       int64 // key time, µs
+	h0, h1   uint64
+	ref, req int32
+}
+
+func (a *sortKey) compare(b *sortKey) int {
+	switch {
+	case a.table != b.table:
+		return int(a.table - b.table)
+	case a.kt != b.kt:
+		return cmp.Compare(a.kt, b.kt)
+	case a.h0 != b.h0:
+		return cmp.Compare(a.h0, b.h0)
 	}
-	if c := a.ktime.Compare(b.ktime); c != 0 {
-		return c
-	}
-	return bytes.Compare(a.hash, b.hash)
+	return cmp.Compare(a.h1, b.h1)
 }
 
 func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, inTx bool) ([]idem.BatchResult, error) {
@@ -53,10 +66,10 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		return nil, err
 	}
 	out := make([]idem.BatchResult, len(reqs))
-	// One keyQueue per valid request, sorted by index key (then request
-	// order); entries of one key end up adjacent and are merged.
-	slab := make([]keyQueue, 0, len(reqs))
-	idxBuf := make([]int, len(reqs))
+	// The valid requests sorted by index key (then key, then request
+	// order): entries of one key end up adjacent and share one keyQueue.
+	refs := make([]keyRef, 0, len(reqs))
+	order := make([]sortKey, 0, len(reqs))
 	for i, req := range reqs {
 		if err := idem.ValidateClaim(req); err != nil {
 			out[i].Err = err
@@ -67,36 +80,36 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 			out[i].Err = err
 			continue
 		}
-		idxBuf[i] = i
-		// Full capacity: a repeated key's append copies, the rest share idxBuf.
-		slab = append(slab, keyQueue{ref: r, idxs: idxBuf[i : i+1 : i+1]})
+		order = append(order, sortKey{table: int32(r.table), kt: r.ktime.UnixMicro(),
+			h0: binary.BigEndian.Uint64(r.hash), h1: binary.BigEndian.Uint64(r.hash[8:]), ref: int32(len(refs)), req: int32(i)})
+		refs = append(refs, r)
 	}
-	if len(slab) == 0 {
+	if len(order) == 0 {
 		return out, nil
 	}
-	slices.SortFunc(slab, func(a, b keyQueue) int {
-		if c := keyOrder(&a.ref, &b.ref); c != 0 {
+	slices.SortFunc(order, func(a, b sortKey) int {
+		if c := a.compare(&b); c != 0 {
 			return c
 		}
-		if c := bytes.Compare(a.ref.key, b.ref.key); c != 0 {
+		if c := bytes.Compare(refs[a.ref].key, refs[b.ref].key); c != 0 {
 			return c
 		}
-		return a.idxs[0] - b.idxs[0]
+		return int(a.req - b.req)
 	})
-	w := 0
-	for j := range slab {
-		if w > 0 && slab[w-1].ref.table == slab[j].ref.table && bytes.Equal(slab[w-1].ref.key, slab[j].ref.key) {
-			slab[w-1].idxs = append(slab[w-1].idxs, slab[j].idxs[0])
+	slab := make([]keyQueue, 0, len(order))
+	idxBuf := make([]int, len(order))
+	for j, o := range order {
+		if n := len(slab); n > 0 && order[j-1].compare(&o) == 0 && bytes.Equal(slab[n-1].ref.key, refs[o.ref].key) {
+			slab[n-1].idxs = append(slab[n-1].idxs, int(o.req))
 			continue
 		}
-		slab[w] = slab[j]
-		w++
+		idxBuf[j] = int(o.req)
+		// Full capacity: a repeated key's append copies, the rest share idxBuf.
+		slab = append(slab, keyQueue{ref: refs[o.ref], idxs: idxBuf[j : j+1 : j+1]})
 	}
-	slab = slab[:w]
 	queues := make([]*keyQueue, len(slab))
-	refs := make([]keyRef, len(slab))
 	for j := range slab {
-		queues[j], refs[j] = &slab[j], slab[j].ref
+		queues[j] = &slab[j]
 	}
 	if err := s.ensurePartitionsFor(ctx, refs); err != nil {
 		return nil, err
@@ -217,10 +230,23 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 			lo, hi := sp[j].lo, sp[j].hi
 			var tok int64
 			var now time.Time
+			var nowRaw []byte
 			base := int64(-1)
+			fds := rows.FieldDescriptions()
+			binTok := len(fds) == 2 && fds[0].Format == pgtype.BinaryFormatCode
 			for rows.Next() {
-				if err := rows.Scan(&tok, &now); err != nil {
-					return err
+				// Every row has the statement's time: scan it once, and
+				// only decode the token of the rows after.
+				raw := rows.RawValues()
+				if nowRaw != nil && binTok && len(raw) == 2 && len(raw[0]) == 8 && bytes.Equal(raw[1], nowRaw) {
+					tok = int64(binary.BigEndian.Uint64(raw[0]))
+				} else {
+					if err := rows.Scan(&tok, &now); err != nil {
+						return err
+					}
+					if len(raw) == 2 {
+						nowRaw = bytes.Clone(raw[1])
+					}
 				}
 				k := int(tok % tokenScale)
 				if base < 0 {
@@ -299,9 +325,11 @@ func (s *Store) batchArgs(reqs []idem.ClaimRequest, send []*keyQueue, sp []span)
 	if s.cfg.Layout.timed() {
 		times = make([]time.Time, n)
 	}
+	anyFP := false
 	for j, kq := range send {
 		req := &reqs[kq.idxs[kq.pos]]
 		hashes[j], keys[j], fps[j] = kq.ref.hash, req.Key, req.Fingerprint
+		anyFP = anyFP || len(req.Fingerprint) > 0
 		leases[j], ttls[j] = req.Lease.Microseconds(), req.TTL.Microseconds()
 		if times != nil {
 			times[j] = kq.ref.ktime
@@ -310,7 +338,11 @@ func (s *Store) batchArgs(reqs []idem.ClaimRequest, send []*keyQueue, sp []span)
 	out := make([][]any, len(sp))
 	for j, g := range sp {
 		lo, hi := g.lo, g.hi
-		a := []any{s.ns, hashes[lo:hi:hi], keys[lo:hi:hi], fps[lo:hi:hi], leases[lo:hi:hi], ttls[lo:hi:hi]}
+		var fp byteaArray // NULL: unnest pads the column with NULLs, stored as ''
+		if anyFP {
+			fp = fps[lo:hi:hi]
+		}
+		a := []any{s.ns, byteaArray(hashes[lo:hi:hi]), byteaArray(keys[lo:hi:hi]), fp, leases[lo:hi:hi], ttls[lo:hi:hi]}
 		if times != nil {
 			a = append(a, times[lo:hi:hi])
 		}
@@ -436,3 +468,19 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]erro
 	}
 	return errs, nil
 }
+
+// byteaArray is a bytea[] parameter. pgx encodes a [][]byte through
+// reflection, boxing every element; this hands it pointers instead (no
+// allocation per element). A nil element is NULL, a nil array NULL.
+type byteaArray [][]byte
+
+func (a byteaArray) Dimensions() []pgtype.ArrayDimension {
+	if a == nil {
+		return nil
+	}
+	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
+}
+
+func (a byteaArray) Index(i int) any { return &a[i] }
+
+func (a byteaArray) IndexType() any { return (*[]byte)(nil) }
