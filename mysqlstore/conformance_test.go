@@ -22,6 +22,11 @@ func layoutConfigs() map[string]mysqlstore.Config {
 	}
 }
 
+// derivedConfigs run the suite again with every claim statement taking its
+// rows from a derived table (the form large batches use), on both claim
+// paths and a timed layout.
+var derivedConfigs = map[string]bool{"single": true, "single_statement": true, "time_partitioned": true}
+
 // anyKeyTime gives every key a time (a pure function of the key, spread
 // over the last ten days) so the suite's arbitrary keys work on the timed
 // layouts.
@@ -35,7 +40,19 @@ func anyKeyTime(key []byte) (time.Time, error) {
 }
 
 func TestConformance(t *testing.T) {
+	type run struct {
+		cfg     mysqlstore.Config
+		derived bool
+	}
+	runs := map[string]run{}
 	for name, cfg := range layoutConfigs() {
+		runs[name] = run{cfg: cfg}
+		if derivedConfigs[name] {
+			runs[name+"_derived"] = run{cfg: cfg, derived: true}
+		}
+	}
+	for name, r := range runs {
+		cfg := r.cfg
 		t.Run(name, func(t *testing.T) {
 			_, db := newDB(t)
 			cfg.DB = db
@@ -49,6 +66,9 @@ func TestConformance(t *testing.T) {
 				s, err := mysqlstore.Open(testCtx(t), c)
 				if err != nil {
 					t.Fatal(err)
+				}
+				if r.derived {
+					mysqlstore.SetDerivedMin(s, 1)
 				}
 				t.Cleanup(func() { s.Close() })
 				return s

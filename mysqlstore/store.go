@@ -35,7 +35,18 @@ type Store struct {
 	ns     []byte
 	nsLit  string
 	closed atomic.Bool
+	// derivedMin is the smallest claim statement (in rows) whose rows are
+	// sent as a derived table (see claimSQL); tests lower it to 1.
+	derivedMin int
 }
+
+// defaultDerivedMin: from this many rows on, a claim statement takes its
+// rows from a derived table instead of a VALUES list. Measured with SHOW
+// PROFILE on MariaDB 10.11: a 100-row VALUES list with the clock and
+// NEXTVAL expressions in every row spends about 1 ms more in parsing than
+// the derived table does, while one row costs about 0.2 ms more as a
+// derived table (docs/benchmarks/mysqlstore.md).
+const defaultDerivedMin = 16
 
 var (
 	_ idem.Store        = (*Store)(nil)
@@ -57,7 +68,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	c := cfg.withDefaults()
-	s := &Store{cfg: c, db: c.DB, n: namesOf(c), ns: []byte(c.Namespace), nsLit: hexStr([]byte(c.Namespace))}
+	s := &Store{cfg: c, db: c.DB, n: namesOf(c), ns: []byte(c.Namespace), nsLit: hexStr([]byte(c.Namespace)), derivedMin: defaultDerivedMin}
 	if err := checkSchema(ctx, c, s.n); err != nil {
 		return nil, err
 	}
@@ -206,44 +217,11 @@ func (s *Store) claimSQL(table string, items []*item, ignore bool) string {
 	if s.cfg.Layout.timed() {
 		sb.WriteString("key_time, ")
 	}
-	sb.WriteString("key_hash, k, state, token, nonce, fp, result, attempts, last_error, ttl_us, lease_until, expires_at, created_at, updated_at) VALUES ")
-	for i, it := range items {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		sb.WriteByte('(')
-		sb.WriteString(s.nsLit)
-		sb.WriteByte(',')
-		if s.cfg.Layout.timed() {
-			intLit(&sb, it.l.kt)
-			sb.WriteByte(',')
-		}
-		hexLit(&sb, it.l.hash[:])
-		sb.WriteByte(',')
-		hexLit(&sb, it.req.Key)
-		sb.WriteString(",1,NEXTVAL(")
-		sb.WriteString(s.n.seq)
-		sb.WriteString("),")
-		uintLit(&sb, it.nonce)
-		sb.WriteByte(',')
-		hexLit(&sb, it.req.Fingerprint)
-		sb.WriteString(",NULL,1,'',")
-		lease := it.req.Lease.Microseconds()
-		ttl := it.req.TTL.Microseconds()
-		intLit(&sb, ttl)
-		sb.WriteByte(',')
-		sb.WriteString(nowUS)
-		sb.WriteByte('+')
-		intLit(&sb, lease)
-		sb.WriteByte(',')
-		sb.WriteString(nowUS)
-		sb.WriteByte('+')
-		intLit(&sb, max(ttl, lease))
-		sb.WriteByte(',')
-		sb.WriteString(nowUS)
-		sb.WriteByte(',')
-		sb.WriteString(nowUS)
-		sb.WriteByte(')')
+	sb.WriteString("key_hash, k, state, token, nonce, fp, result, attempts, last_error, ttl_us, lease_until, expires_at, created_at, updated_at) ")
+	if len(items) >= s.derivedMin {
+		s.derivedRows(&sb, items)
+	} else {
+		s.valuesRows(&sb, items)
 	}
 	if ignore {
 		sb.WriteString(" RETURNING " + recCols)
@@ -272,6 +250,104 @@ func (s *Store) claimSQL(table string, items []*item, ignore bool) string {
  state = IF(@idem_take, 1, state)
 RETURNING ` + recCols)
 	return sb.String()
+}
+
+// valuesRows writes the rows of a claim statement as a VALUES list: every
+// row carries its own NEXTVAL and clock expressions.
+func (s *Store) valuesRows(sb *strings.Builder, items []*item) {
+	sb.WriteString("VALUES ")
+	for i, it := range items {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteByte('(')
+		sb.WriteString(s.nsLit)
+		sb.WriteByte(',')
+		if s.cfg.Layout.timed() {
+			intLit(sb, it.l.kt)
+			sb.WriteByte(',')
+		}
+		hexLit(sb, it.l.hash[:])
+		sb.WriteByte(',')
+		hexLit(sb, it.req.Key)
+		sb.WriteString(",1,NEXTVAL(")
+		sb.WriteString(s.n.seq)
+		sb.WriteString("),")
+		uintLit(sb, it.nonce)
+		sb.WriteByte(',')
+		hexLit(sb, it.req.Fingerprint)
+		sb.WriteString(",NULL,1,'',")
+		lease := it.req.Lease.Microseconds()
+		ttl := it.req.TTL.Microseconds()
+		intLit(sb, ttl)
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte('+')
+		intLit(sb, lease)
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte('+')
+		intLit(sb, max(ttl, lease))
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte(',')
+		sb.WriteString(nowUS)
+		sb.WriteByte(')')
+	}
+}
+
+// derivedRows writes the rows of a claim statement as INSERT ... SELECT
+// from a derived table: only the per-key literals go into the VALUES list
+// of a CTE, and NEXTVAL and the database clock appear once in the SELECT
+// list (evaluated per row, parsed once). For a 100-row batch this halves
+// the server's parse time; the statement is otherwise the same (same
+// columns, values, ON DUPLICATE KEY UPDATE and RETURNING), and the rows are
+// read from the CTE in the order written (sorted by primary key). The
+// clock comes from a one-row derived table, so every row of the statement
+// sees the same instant, as UTC_TIMESTAMP guarantees anyway. The join has
+// an explicit ON TRUE: without it the parser would take a following "ON
+// DUPLICATE KEY UPDATE" for the join condition.
+func (s *Store) derivedRows(sb *strings.Builder, items []*item) {
+	timed := s.cfg.Layout.timed()
+	sb.WriteString("WITH idem_v (")
+	if timed {
+		sb.WriteString("v_kt, ")
+	}
+	sb.WriteString("v_hash, v_k, v_nonce, v_fp, v_ttl, v_lease, v_life) AS (VALUES ")
+	for i, it := range items {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteByte('(')
+		if timed {
+			intLit(sb, it.l.kt)
+			sb.WriteByte(',')
+		}
+		hexLit(sb, it.l.hash[:])
+		sb.WriteByte(',')
+		hexLit(sb, it.req.Key)
+		sb.WriteByte(',')
+		uintLit(sb, it.nonce)
+		sb.WriteByte(',')
+		hexLit(sb, it.req.Fingerprint)
+		sb.WriteByte(',')
+		lease := it.req.Lease.Microseconds()
+		ttl := it.req.TTL.Microseconds()
+		intLit(sb, ttl)
+		sb.WriteByte(',')
+		intLit(sb, lease)
+		sb.WriteByte(',')
+		intLit(sb, max(ttl, lease))
+		sb.WriteByte(')')
+	}
+	sb.WriteString(") SELECT ")
+	sb.WriteString(s.nsLit)
+	if timed {
+		sb.WriteString(", v_kt")
+	}
+	sb.WriteString(", v_hash, v_k, 1, NEXTVAL(")
+	sb.WriteString(s.n.seq)
+	sb.WriteString("), v_nonce, v_fp, NULL, 1, '', v_ttl, idem_now.t + v_lease, idem_now.t + v_life, idem_now.t, idem_now.t FROM idem_v JOIN (SELECT " + nowUS + " AS t) idem_now ON TRUE")
 }
 
 // execClaims runs one claim statement and matches the returned rows to
