@@ -224,7 +224,10 @@ func (s *Store) claimSQL(table string, items []*item, ignore bool) string {
 		s.valuesRows(&sb, items)
 	}
 	if ignore {
-		sb.WriteString(" RETURNING " + recCols)
+		// Only rows this statement inserted come back, with the values it
+		// wrote: everything but the token and the clock is the request's
+		// (see insertedRow).
+		sb.WriteString(" RETURNING k, token, updated_at")
 		return sb.String()
 	}
 	// ON DUPLICATE KEY UPDATE assigns left to right and later assignments
@@ -364,7 +367,12 @@ func (s *Store) execClaims(ctx context.Context, q querier, table string, items [
 		byKey[string(it.req.Key)] = it
 	}
 	for rows.Next() {
-		r, err := scanRow(rows)
+		var r row
+		if ignore {
+			r, err = insertedRow(rows, byKey)
+		} else {
+			r, err = scanRow(rows)
+		}
 		if err != nil {
 			return err
 		}
@@ -387,6 +395,44 @@ func (s *Store) execClaims(ctx context.Context, q querier, table string, items [
 		}
 	}
 	return nil
+}
+
+// insertedRow reads a row returned by the first phase's INSERT IGNORE ...
+// RETURNING k, token, updated_at. Such a row was inserted by that statement
+// from the item's values, so the record is rebuilt from them: in progress,
+// the drawn token, the item's nonce and fingerprint, no result, attempt 1,
+// and the times the statement computed from its clock (the same
+// expressions as in claimSQL). 3 columns instead of 12 per new key: less
+// for the server to send and for the driver to parse and convert.
+func insertedRow(sc scanner, byKey map[string]*item) (row, error) {
+	var (
+		k     []byte
+		token uint64
+		now   int64
+	)
+	if err := sc.Scan(&k, &token, &now); err != nil {
+		return row{}, err
+	}
+	it := byKey[string(k)]
+	if it == nil {
+		return row{}, errCollision
+	}
+	lease := it.req.Lease.Microseconds()
+	ttl := it.req.TTL.Microseconds()
+	r := row{nonce: it.nonce, rec: idem.Record{
+		Key:        k,
+		State:      idem.StateInProgress,
+		Token:      token,
+		Attempts:   1,
+		LeaseUntil: time.UnixMicro(now + lease).UTC(),
+		ExpiresAt:  time.UnixMicro(now + max(ttl, lease)).UTC(),
+		CreatedAt:  time.UnixMicro(now).UTC(),
+		UpdatedAt:  time.UnixMicro(now).UTC(),
+	}}
+	if len(it.req.Fingerprint) > 0 {
+		r.rec.Fingerprint = bytes.Clone(it.req.Fingerprint)
+	}
+	return r, nil
 }
 
 // claimChunk claims items of one table. Unless Config.SingleStatement is

@@ -5,6 +5,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -172,6 +174,47 @@ func TestBatchDuplicatesInOrder(t *testing.T) {
 	}
 	if res[5].Claim.Record.Token <= c.Record.Token || res[5].Claim.Record.Attempts != 2 || res[5].Claim.Record.LastError != "retry" {
 		t.Fatalf("takeover record %+v (first token %d)", res[5].Claim.Record, c.Record.Token)
+	}
+}
+
+// The record a claim returns for a new key is the stored one, field for
+// field, whatever the statement's form: a VALUES list (small batches) or a
+// derived table (16+ rows), on an untimed and a timed layout, with and
+// without a fingerprint, with nonces above 2^63 among them.
+func TestClaimRecordMatchesStored(t *testing.T) {
+	for _, cfg := range []mysqlstore.Config{
+		{Layout: mysqlstore.LayoutSingle},
+		{Layout: mysqlstore.LayoutTimePartitioned, KeyTime: anyKeyTime},
+	} {
+		t.Run(cfg.Layout.String(), func(t *testing.T) {
+			s, _ := newStore(t, cfg)
+			ctx := testCtx(t)
+			for _, n := range []int{1, 3, 40} {
+				reqs := make([]idem.ClaimRequest, n)
+				for i := range reqs {
+					reqs[i] = idem.ClaimRequest{Key: fmt.Appendf(nil, "rec-%d-%d", n, i), Lease: time.Duration(1+i) * time.Second, TTL: time.Hour}
+					if i%2 == 0 {
+						reqs[i].Fingerprint = fmt.Appendf(nil, "fp-%d", i)
+					}
+				}
+				res, err := s.ClaimBatch(ctx, reqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, r := range res {
+					if r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired {
+						t.Fatalf("batch %d entry %d: %+v", n, i, r)
+					}
+					got, err := s.Get(ctx, reqs[i].Key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !reflect.DeepEqual(r.Claim.Record, got) {
+						t.Fatalf("batch %d entry %d: claim returned %+v, stored %+v", n, i, r.Claim.Record, got)
+					}
+				}
+			}
+		})
 	}
 }
 
