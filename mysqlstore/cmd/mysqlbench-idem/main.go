@@ -35,6 +35,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -61,6 +62,8 @@ type opts struct {
 	keep       bool
 	odku       bool
 	repeat     int
+	decompose  bool
+	lock       locker
 }
 
 func run() error {
@@ -77,6 +80,8 @@ func run() error {
 	flag.IntVar(&o.repeat, "repeat", 1, "rounds of every cell, interleaved; the report takes the median (the machine is shared: use 3)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the database (debugging)")
 	flag.BoolVar(&o.odku, "single-statement", true, "also measure Config.SingleStatement (claim-1stmt, batch-1stmt)")
+	flag.BoolVar(&o.decompose, "decompose", false, "instead of the cells: the claim statement built up feature by feature from the raw insert, with server and client CPU per statement (first layout only)")
+	flag.StringVar(&o.lock.path, "lock", "", "hold an flock(2) on this file (e.g. /tmp/bench.lock) during each fill and each group of cells with the same callers, releasing it in between")
 	flag.Parse()
 	for _, s := range strings.Split(*layouts, ",") {
 		l, err := mysqlstore.ParseLayout(strings.TrimSpace(s))
@@ -148,6 +153,9 @@ func bench(ctx context.Context, o opts) error {
 	fmt.Printf("# MariaDB %s, innodb_flush_log_at_trx_commit=%s, innodb_buffer_pool_size=%s, rows=%d, batch=%d, %s per cell\n\n",
 		version, flush, pool, o.rows, o.batch, o.dur)
 
+	if o.decompose {
+		return decompose(ctx, o, db, o.layouts[0])
+	}
 	var results []result
 	if o.seeds {
 		rs, err := benchSeeds(ctx, o, db)
@@ -259,7 +267,10 @@ func benchLayout(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) (
 		return nil, err
 	}
 	t0 := time.Now()
-	if err := fill(ctx, db, l, o.rows); err != nil {
+	unlock := o.lock.hold("fill " + l.String())
+	err := fill(ctx, db, l, o.rows)
+	unlock()
+	if err != nil {
 		return nil, fmt.Errorf("fill %s: %w", l, err)
 	}
 	fmt.Fprintf(os.Stderr, "%s: filled %d rows in %s\n", l, o.rows, time.Since(t0).Round(time.Second))
@@ -293,59 +304,79 @@ func benchLayout(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) (
 	}
 	for rep := 0; rep < o.repeat; rep++ {
 		for _, c := range o.callers {
-			if err := add("claim", c, func(ctx context.Context, _ int) (int, error) {
-				cl, err := s.Claim(ctx, req())
-				if err == nil && cl.Outcome != idem.OutcomeAcquired {
-					err = fmt.Errorf("new key not acquired: %s", cl.Outcome)
-				}
-				return 1, err
-			}); err != nil {
-				return out, err
-			}
-			if err := add("raw-insert", c, func(ctx context.Context, _ int) (int, error) {
-				return 1, rawInsert(ctx, db, l, timed, [][]byte{g.next()})
-			}); err != nil {
-				return out, err
-			}
-			batch := func(st *mysqlstore.Store) func(ctx context.Context, _ int) (int, error) {
-				return func(ctx context.Context, _ int) (int, error) {
-					reqs := make([]idem.ClaimRequest, o.batch)
-					for i := range reqs {
-						reqs[i] = req()
-					}
-					res, err := st.ClaimBatch(ctx, reqs)
-					for _, r := range res {
-						if err == nil && (r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired) {
-							err = fmt.Errorf("batch entry: %+v", r)
-						}
-					}
-					return len(reqs), err
-				}
-			}
-			if err := add("batch", c, batch(s)); err != nil {
-				return out, err
-			}
-			if o.odku {
-				if err := add("claim-1stmt", c, func(ctx context.Context, _ int) (int, error) {
-					cl, err := s1.Claim(ctx, req())
+			if err := func() error {
+				defer o.lock.hold(fmt.Sprintf("%s x%d round %d", l, c, rep+1))()
+				if err := add("claim", c, func(ctx context.Context, _ int) (int, error) {
+					cl, err := s.Claim(ctx, req())
 					if err == nil && cl.Outcome != idem.OutcomeAcquired {
 						err = fmt.Errorf("new key not acquired: %s", cl.Outcome)
 					}
 					return 1, err
 				}); err != nil {
-					return out, err
+					return err
 				}
-				if err := add("batch-1stmt", c, batch(s1)); err != nil {
-					return out, err
+				if err := add("raw-insert", c, func(ctx context.Context, _ int) (int, error) {
+					return 1, rawInsert(ctx, db, l, timed, false, [][]byte{g.next()})
+				}); err != nil {
+					return err
 				}
-			}
-			if err := add("raw-batch", c, func(ctx context.Context, _ int) (int, error) {
-				keys := make([][]byte, o.batch)
-				for i := range keys {
-					keys[i] = g.next()
+				if err := add("raw-odku", c, func(ctx context.Context, _ int) (int, error) {
+					return 1, rawInsert(ctx, db, l, timed, true, [][]byte{g.next()})
+				}); err != nil {
+					return err
 				}
-				return len(keys), rawInsert(ctx, db, l, timed, keys)
-			}); err != nil {
+				batch := func(st *mysqlstore.Store) func(ctx context.Context, _ int) (int, error) {
+					return func(ctx context.Context, _ int) (int, error) {
+						reqs := make([]idem.ClaimRequest, o.batch)
+						for i := range reqs {
+							reqs[i] = req()
+						}
+						res, err := st.ClaimBatch(ctx, reqs)
+						for _, r := range res {
+							if err == nil && (r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired) {
+								err = fmt.Errorf("batch entry: %+v", r)
+							}
+						}
+						return len(reqs), err
+					}
+				}
+				if err := add("batch", c, batch(s)); err != nil {
+					return err
+				}
+				if o.odku {
+					if err := add("claim-1stmt", c, func(ctx context.Context, _ int) (int, error) {
+						cl, err := s1.Claim(ctx, req())
+						if err == nil && cl.Outcome != idem.OutcomeAcquired {
+							err = fmt.Errorf("new key not acquired: %s", cl.Outcome)
+						}
+						return 1, err
+					}); err != nil {
+						return err
+					}
+					if err := add("batch-1stmt", c, batch(s1)); err != nil {
+						return err
+					}
+				}
+				if err := add("raw-batch", c, func(ctx context.Context, _ int) (int, error) {
+					keys := make([][]byte, o.batch)
+					for i := range keys {
+						keys[i] = g.next()
+					}
+					return len(keys), rawInsert(ctx, db, l, timed, false, keys)
+				}); err != nil {
+					return err
+				}
+				if err := add("raw-odku-batch", c, func(ctx context.Context, _ int) (int, error) {
+					keys := make([][]byte, o.batch)
+					for i := range keys {
+						keys[i] = g.next()
+					}
+					return len(keys), rawInsert(ctx, db, l, timed, true, keys)
+				}); err != nil {
+					return err
+				}
+				return nil
+			}(); err != nil {
 				return out, err
 			}
 		}
@@ -354,8 +385,9 @@ func benchLayout(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) (
 }
 
 // rawInsert is the baseline: INSERT IGNORE of the same columns, values
-// computed in Go, no sequence, no RETURNING, no takeover logic.
-func rawInsert(ctx context.Context, db *sql.DB, l mysqlstore.Layout, timed bool, keys [][]byte) error {
+// computed in Go, no sequence, no RETURNING, no takeover logic. With odku
+// it is INSERT ... ON DUPLICATE KEY UPDATE k = k (a no-op update) instead.
+func rawInsert(ctx context.Context, db *sql.DB, l mysqlstore.Layout, timed, odku bool, keys [][]byte) error {
 	now := time.Now().UnixMicro()
 	byTable := map[string][]string{}
 	for _, k := range keys {
@@ -378,7 +410,11 @@ func rawInsert(ctx context.Context, db *sql.DB, l mysqlstore.Layout, timed bool,
 		cols = "ns, key_time, " + cols[4:]
 	}
 	for tbl, vals := range byTable {
-		if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO "+tbl+" ("+cols+") VALUES "+strings.Join(vals, ",")); err != nil {
+		q := "INSERT IGNORE INTO " + tbl + " (" + cols + ") VALUES " + strings.Join(vals, ",")
+		if odku {
+			q = "INSERT INTO " + tbl + " (" + cols + ") VALUES " + strings.Join(vals, ",") + " ON DUPLICATE KEY UPDATE k = k"
+		}
+		if _, err := db.ExecContext(ctx, q); err != nil {
 			return err
 		}
 	}
@@ -448,6 +484,8 @@ func benchSeeds(ctx context.Context, o opts, db *sql.DB) ([]result, error) {
 	}
 	defer db.ExecContext(context.Background(), "DROP TABLE IF EXISTS message_idempotent")
 	t0 := time.Now()
+	unlock := o.lock.hold("fill seeds")
+	defer func() { unlock() }()
 	for lo := 1; lo <= o.rows; lo += 1000000 {
 		hi := min(o.rows, lo+1000000-1)
 		if _, err := db.ExecContext(ctx, fmt.Sprintf("INSERT INTO message_idempotent (message_id, business_key, processed_at, status) "+
@@ -456,12 +494,15 @@ func benchSeeds(ctx context.Context, o opts, db *sql.DB) ([]result, error) {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "seeds: filled %d rows in %s\n", o.rows, time.Since(t0).Round(time.Second))
+	unlock()
+	unlock = func() {}
 	var seq atomic.Uint64
 	var out []result
 	for _, c := range []int{1, 4} {
 		if !slices.Contains(o.callers, c) {
 			continue
 		}
+		unlock = o.lock.hold(fmt.Sprintf("seeds x%d", c))
 		r, err := measure(ctx, c, o.seedDur, 2, func(ctx context.Context, _ int) (int, error) {
 			n := seq.Add(1)
 			mid, bk := fmt.Sprintf("s-%d", n), fmt.Sprintf("sk-%d", n)
@@ -478,6 +519,8 @@ func benchSeeds(ctx context.Context, o opts, db *sql.DB) ([]result, error) {
 		if err != nil {
 			return out, err
 		}
+		unlock()
+		unlock = func() {}
 		r.layout, r.name = "seeds", "seeds"
 		fmt.Fprintf(os.Stderr, "  %-14s x%-3d %9.1f claims/s p50 %v p99 %v\n", "seeds", c, r.rate(), r.p50, r.p99)
 		out = append(out, r)
@@ -529,14 +572,19 @@ func report(w io.Writer, o opts, rs []result) {
 		return nil
 	}
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/1e6) }
-	fmt.Fprintln(w, "| layout | mode | callers | claims/s | p50 ms/call | p99 ms/call | vs raw insert | vs seeds x1 |")
-	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| layout | mode | callers | claims/s | p50 ms/call | p99 ms/call | vs raw insert | vs raw ODKU | vs seeds x1 |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	seed1 := find("seeds", "seeds", 1)
 	for _, r := range rs {
 		vsRaw, vsSeed := "", ""
 		rawName := map[string]string{"claim": "raw-insert", "batch": "raw-batch", "claim-1stmt": "raw-insert", "batch-1stmt": "raw-batch"}[r.name]
 		if raw := find(r.layout, rawName, r.callers); raw != nil && rawName != "" {
 			vsRaw = fmt.Sprintf("%.2f", r.rate()/raw.rate())
+		}
+		vsODKU := ""
+		odkuName := map[string]string{"claim": "raw-odku", "batch": "raw-odku-batch", "claim-1stmt": "raw-odku", "batch-1stmt": "raw-odku-batch"}[r.name]
+		if raw := find(r.layout, odkuName, r.callers); raw != nil && odkuName != "" {
+			vsODKU = fmt.Sprintf("%.2f", r.rate()/raw.rate())
 		}
 		if seed1 != nil && r.layout != "seeds" && seed1.rate() > 0 {
 			vsSeed = fmt.Sprintf("%.0fx", r.rate()/seed1.rate())
@@ -545,6 +593,32 @@ func report(w io.Writer, o opts, rs []result) {
 		if r.rate() < 10 {
 			rate = fmt.Sprintf("%.2f", r.rate())
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s |\n", r.layout, r.name, r.callers, rate, ms(r.p50), ms(r.p99), vsRaw, vsSeed)
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", r.layout, r.name, r.callers, rate, ms(r.p50), ms(r.p99), vsRaw, vsODKU, vsSeed)
+	}
+}
+
+// locker serialises CPU use with other benchmarks on a shared machine: an
+// exclusive flock(2) on path (the file flock(1) uses) around each fill and
+// cell group, released in between so nobody waits for a whole run.
+type locker struct{ path string }
+
+func (lk locker) hold(what string) (unlock func()) {
+	if lk.path == "" {
+		return func() {}
+	}
+	f, err := os.OpenFile(lk.path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lock:", err)
+		return func() {}
+	}
+	t0 := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		fmt.Fprintln(os.Stderr, "lock:", err)
+	}
+	la, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(os.Stderr, "# %s %s: lock after %s, loadavg %s", time.Now().UTC().Format("15:04:05"), what, time.Since(t0).Round(time.Millisecond), la)
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
 	}
 }
