@@ -221,12 +221,17 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 		kq.got = nil
 	}
 	sp := spans(send)
-	args := s.batchArgs(reqs, send, sp)
 	rest := send
 	if fast {
+		args, uniform := s.batchArgs(reqs, send, sp, true)
 		got := make([]row, len(send))
 		n := 0
-		err := s.pipeline(ctx, q, sp, args, func(j int) string { return s.tables[send[sp[j].lo].ref.table].fast }, func(j int, rows pgx.Rows) error {
+		err := s.pipeline(ctx, q, sp, args, func(j int) string {
+			if uniform {
+				return s.tables[send[sp[j].lo].ref.table].fastU
+			}
+			return s.tables[send[sp[j].lo].ref.table].fast
+		}, func(j int, rows pgx.Rows) error {
 			lo, hi := sp[j].lo, sp[j].hi
 			var tok int64
 			var now time.Time
@@ -284,8 +289,8 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 			}
 		}
 		sp = spans(rest)
-		args = s.batchArgs(reqs, rest, sp)
 	}
+	args, _ := s.batchArgs(reqs, rest, sp, false)
 	// Rows are scanned into one slice with one reused target list: a
 	// batch of 100 otherwise costs thousands of small allocations.
 	got := make([]row, 0, len(rest))
@@ -316,39 +321,53 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 
 // batchArgs builds the statement arguments of each span of send: $1 ns,
 // then arrays of key hash, key, fingerprint, lease µs, TTL µs (and key
-// time), each span's arrays slicing one backing array per column.
-func (s *Store) batchArgs(reqs []idem.ClaimRequest, send []*keyQueue, sp []span) [][]any {
+// time), each span's arrays slicing one backing array per column. With
+// scalars, when every entry has the same lease and TTL (uniform), those
+// two are passed as scalars (for the fastU statement).
+func (s *Store) batchArgs(reqs []idem.ClaimRequest, send []*keyQueue, sp []span, scalars bool) (args [][]any, uniform bool) {
 	n := len(send)
 	hashes, keys, fps := make([][]byte, n), make([][]byte, n), make([][]byte, n)
-	leases, ttls := make([]int64, n), make([]int64, n)
 	var times []time.Time
 	if s.cfg.Layout.timed() {
 		times = make([]time.Time, n)
 	}
-	anyFP := false
+	first := &reqs[send[0].idxs[send[0].pos]]
+	lease0, ttl0 := first.Lease.Microseconds(), first.TTL.Microseconds()
+	anyFP, uniform := false, scalars
 	for j, kq := range send {
 		req := &reqs[kq.idxs[kq.pos]]
 		hashes[j], keys[j], fps[j] = kq.ref.hash, req.Key, req.Fingerprint
 		anyFP = anyFP || len(req.Fingerprint) > 0
-		leases[j], ttls[j] = req.Lease.Microseconds(), req.TTL.Microseconds()
+		uniform = uniform && req.Lease.Microseconds() == lease0 && req.TTL.Microseconds() == ttl0
 		if times != nil {
 			times[j] = kq.ref.ktime
 		}
 	}
-	out := make([][]any, len(sp))
+	var leases, ttls []int64
+	if !uniform {
+		leases, ttls = make([]int64, n), make([]int64, n)
+		for j, kq := range send {
+			req := &reqs[kq.idxs[kq.pos]]
+			leases[j], ttls[j] = req.Lease.Microseconds(), req.TTL.Microseconds()
+		}
+	}
+	args = make([][]any, len(sp))
 	for j, g := range sp {
 		lo, hi := g.lo, g.hi
 		var fp byteaArray // NULL: unnest pads the column with NULLs, stored as ''
 		if anyFP {
 			fp = fps[lo:hi:hi]
 		}
-		a := []any{s.ns, byteaArray(hashes[lo:hi:hi]), byteaArray(keys[lo:hi:hi]), fp, leases[lo:hi:hi], ttls[lo:hi:hi]}
+		a := []any{s.ns, byteaArray(hashes[lo:hi:hi]), byteaArray(keys[lo:hi:hi]), fp, lease0, ttl0}
+		if !uniform {
+			a[4], a[5] = leases[lo:hi:hi], ttls[lo:hi:hi]
+		}
 		if times != nil {
 			a = append(a, times[lo:hi:hi])
 		}
-		out[j] = a
+		args[j] = a
 	}
-	return out
+	return args, uniform
 }
 
 // pipeline runs one statement per span (sql(j) with args[j]) in one round

@@ -436,6 +436,7 @@ type tableSQL struct {
 	claim  string
 	batch  string
 	fast   string // ClaimBatch's insert-only first statement
+	fastU  string // fast with one lease and TTL for all rows
 	get    string
 	del    string
 	mut    [4]string
@@ -547,14 +548,24 @@ WHERE (SELECT count(*) FROM ins) < cardinality($2::bytea[])` // one-time filter:
 	if timed {
 		fastUnnest = "unnest($2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[], $6::bigint[], $7::timestamptz[]) WITH ORDINALITY AS q(key_hash, key, fp, lease_us, ttl_us, key_time, i)"
 	}
-	s.fast = `INSERT INTO ` + T + ` AS r (` + insCols + `)
+	fast := func(unnest, lease, ttl string) string {
+		return `INSERT INTO ` + T + ` AS r (` + insCols + `)
 SELECT ` + selK + `, q.key, 1, (SELECT nextval('` + seq + `')) * ` + tokenScaleSQL + ` + q.i - 1, coalesce(q.fp, ''), 1,
-	` + now + ` + q.lease_us` + us + `,
-	` + now + ` + greatest(q.lease_us, q.ttl_us)` + us + `,
-	` + now + `, ` + now + `, q.ttl_us
-FROM ` + fastUnnest + `
+	` + now + ` + ` + lease + us + `,
+	` + now + ` + greatest(` + lease + `, ` + ttl + `)` + us + `,
+	` + now + `, ` + now + `, ` + ttl + `
+FROM ` + unnest + `
 ON CONFLICT (` + c.pkCols() + `) DO NOTHING
 RETURNING r.token, r.created_at`
+	}
+	s.fast = fast(fastUnnest, "q.lease_us", "q.ttl_us")
+	// The same when every entry has the same lease and TTL (a guard's
+	// batches): $5 and $6 are scalars, two arrays fewer to send and unnest.
+	fastUnnest = "unnest($2::bytea[], $3::bytea[], $4::bytea[]) WITH ORDINALITY AS q(key_hash, key, fp, i)"
+	if timed {
+		fastUnnest = "unnest($2::bytea[], $3::bytea[], $4::bytea[], $7::timestamptz[]) WITH ORDINALITY AS q(key_hash, key, fp, key_time, i)"
+	}
+	s.fastU = fast(fastUnnest, "$5::bigint", "$6::bigint")
 
 	s.get = `SELECT ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHERE ` + kcond("r") + ` AND r.expires_at > ` + now
 	s.del = `UPDATE ` + T + ` r SET expires_at = 'epoch', updated_at = ` + now + ` WHERE ` + kcond("r") + ` AND r.key = ` + p(1) + ` AND r.expires_at > ` + now
