@@ -217,6 +217,16 @@ func TestClaimLockWaitReportsInProgress(t *testing.T) {
 	if !errors.Is(err, idem.ErrUnavailable) {
 		t.Fatalf("ClaimBatch on a locked row: %v %v, want ErrUnavailable", res, err)
 	}
+	// The same with the statement's rows in a derived table (SET STATEMENT
+	// ... FOR INSERT ... WITH ... SELECT).
+	mysqlstore.SetDerivedMin(s, 1)
+	if _, err = s.Claim(ctx, claimReq("locked")); !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("Claim (derived rows) on a row locked by a transaction: %v, want ErrInProgress", err)
+	}
+	res, err = s.ClaimBatch(ctx, []idem.ClaimRequest{claimReq("locked"), claimReq("free")})
+	if !errors.Is(err, idem.ErrUnavailable) {
+		t.Fatalf("ClaimBatch (derived rows) on a locked row: %v %v, want ErrUnavailable", res, err)
+	}
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
