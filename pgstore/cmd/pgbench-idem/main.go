@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measuring time per cell")
 	fs.StringVar(&layouts, "layouts", "single,sharded,time_partitioned,time_ordered", "layouts to measure")
 	fs.StringVar(&callers, "callers", "1,8,32", "concurrent callers per cell")
-	fs.StringVar(&modes, "modes", "single,batch,raw,raw1,seed", "single (Claim), batch (ClaimBatch), raw (multi-row INSERT ON CONFLICT DO NOTHING), raw1 (one-row INSERT ON CONFLICT DO NOTHING per commit), seed (COUNT(*) CONCAT then INSERT)")
+	fs.StringVar(&modes, "modes", "single,batch,raw,raw1,seed", "single (Claim), batch (ClaimBatch), raw (multi-row INSERT ON CONFLICT DO NOTHING), raw1 (one-row INSERT ON CONFLICT DO NOTHING per commit), seed (COUNT(*) CONCAT then INSERT); also rawret (raw plus RETURNING), fastsql (ClaimBatch's statement without its client work)")
 	fs.IntVar(&o.batch, "batch", 100, "batch size for batch and raw")
 	fs.IntVar(&o.shards, "shards", 16, "shards for the sharded layout")
 	fs.IntVar(&o.seedMax, "seed-callers", 8, "at most this many callers for the seed approach (each call scans the table)")
@@ -280,9 +280,12 @@ func benchLayout(ctx context.Context, pool *pgxpool.Pool, schema string, l pgsto
 	fmt.Fprintf(os.Stderr, "%s: filled %d rows in %s\n", l, o.rows, time.Since(t0).Round(time.Second))
 	timed := l == pgstore.LayoutTimeOrdered || l == pgstore.LayoutTimePartitioned
 	runID := hex.EncodeToString(func() []byte { var b [3]byte; _, _ = rand.Read(b[:]); return b[:] }())
-	raw := rawInserter(cfg, timed)
+	raw := rawInserter(cfg, timed, "")
+	rawVariants := map[string]func(context.Context, *pgxpool.Pool, [][]byte) error{
+		"rawret": rawInserter(cfg, timed, "rawret"), "fastsql": rawInserter(cfg, timed, "fastsql"),
+	}
 	var modes []string
-	for _, m := range []string{"raw", "batch", "raw1", "single"} {
+	for _, m := range []string{"raw", "batch", "raw1", "single", "rawret", "fastsql"} {
 		if slices.Contains(o.modes, m) {
 			modes = append(modes, m)
 		}
@@ -294,7 +297,11 @@ func benchLayout(ctx context.Context, pool *pgxpool.Pool, schema string, l pgsto
 		for round := 0; round < o.rounds; round++ {
 			for _, mode := range modes {
 				keys := keyGen(timed, fmt.Sprintf("%s-%s-%d-%d", runID, mode, callers, round)) // fresh keys per cell
-				op := benchOp(mode, store, pool, raw, keys, o.batch)
+				rw := raw
+				if v := rawVariants[mode]; v != nil {
+					rw = v
+				}
+				op := benchOp(mode, store, pool, rw, keys, o.batch)
 				r, err := measure(ctx, callers, o.duration/time.Duration(o.rounds), op)
 				if err != nil {
 					return fmt.Errorf("%s x%d: %w", mode, callers, err)
@@ -380,14 +387,26 @@ func modeName(mode string, batch int) string {
 		return fmt.Sprintf("raw INSERT ON CONFLICT DO NOTHING (%d rows)", batch)
 	case "raw1":
 		return "raw INSERT ON CONFLICT DO NOTHING (1 row)"
+	case "rawret":
+		return fmt.Sprintf("raw ... RETURNING token, created_at (%d rows)", batch)
+	case "fastsql":
+		return fmt.Sprintf("ClaimBatch's fast statement alone (%d rows)", batch)
 	}
 	return "Claim"
 }
 
 // rawInserter returns the baseline: the same columns into the same table(s),
 // one multi-row INSERT ... ON CONFLICT DO NOTHING per table touched, no
-// outcome read back, no sequence.
-func rawInserter(cfg pgstore.Config, timed bool) func(ctx context.Context, pool *pgxpool.Pool, keys [][]byte) error {
+// outcome read back, no sequence. The fingerprint column gets its DEFAULT
+// ”, which is what ClaimBatch stores for these requests (none has one).
+//
+// Two variants split the gap to ClaimBatch (-modes rawret,fastsql):
+// "rawret" is the baseline plus RETURNING token, created_at; "fastsql" is
+// ClaimBatch's fast-path statement for uniform lease/TTL (a copy of
+// store.go's fastU: one nextval per statement, tokens v*1024+i, times from
+// statement_timestamp()) sent the same way as the baseline, rows discarded:
+// ClaimBatch minus its client-side work.
+func rawInserter(cfg pgstore.Config, timed bool, variant string) func(ctx context.Context, pool *pgxpool.Pool, keys [][]byte) error {
 	tables := []string{cfg.Table}
 	if cfg.Layout == pgstore.LayoutSharded {
 		tables = tables[:0]
@@ -404,6 +423,24 @@ func rawInserter(cfg pgstore.Config, timed bool) func(ctx context.Context, pool 
 		sqls[i] = `INSERT INTO ` + cfg.Schema + `.` + t + ` (ns, key_hash, ` + kt + `token, lease_until, expires_at, created_at, updated_at, ttl_us, attempts, state, key)
 SELECT 'bench', q.h, ` + ktv + `0, now() + interval '30 s', now() + interval '7 days', now(), now(), 604800000000, 1, 1, q.k FROM ` + un + `
 ON CONFLICT DO NOTHING`
+		switch variant {
+		case "rawret":
+			sqls[i] += " RETURNING token, created_at"
+		case "fastsql":
+			un = "unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS q(h, k, fp, i)"
+			if timed {
+				un = "unnest($1::bytea[], $2::bytea[], $4::bytea[], $3::timestamptz[]) WITH ORDINALITY AS q(h, k, fp, t, i)"
+			}
+			l, ttl := "$4::bigint", "$5::bigint"
+			if timed {
+				l, ttl = "$5::bigint", "$6::bigint"
+			}
+			sqls[i] = `INSERT INTO ` + cfg.Schema + `.` + t + ` AS r (ns, key_hash, ` + kt + `key, state, token, fingerprint, attempts, lease_until, expires_at, created_at, updated_at, ttl_us)
+SELECT 'bench', q.h, ` + ktv + `q.k, 1, (SELECT nextval('` + cfg.Schema + `.` + cfg.Table + `_token_seq')) * 1024 + q.i - 1, coalesce(q.fp, ''), 1,
+	statement_timestamp() + ` + l + ` * interval '1 microsecond', statement_timestamp() + greatest(` + l + `, ` + ttl + `) * interval '1 microsecond',
+	statement_timestamp(), statement_timestamp(), ` + ttl + ` FROM ` + un + `
+ON CONFLICT DO NOTHING RETURNING r.token, r.created_at`
+		}
 	}
 	return func(ctx context.Context, pool *pgxpool.Pool, keys [][]byte) error {
 		type grp struct {
@@ -435,6 +472,9 @@ ON CONFLICT DO NOTHING`
 			args := []any{g.h, g.k}
 			if timed {
 				args = append(args, g.t)
+			}
+			if variant == "fastsql" {
+				args = append(args, [][]byte(nil), int64(30_000_000), int64(604800000000))
 			}
 			b.Queue(sqls[i], args...)
 		}
