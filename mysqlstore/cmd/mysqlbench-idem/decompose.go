@@ -35,7 +35,10 @@ func decompose(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) err
 	defer db.ExecContext(context.Background(), "DROP SEQUENCE IF EXISTS idem_records_token")
 	defer db.ExecContext(context.Background(), "DELETE FROM idem_schema_versions")
 	t0 := time.Now()
-	if err := fill(ctx, db, l, o.rows); err != nil {
+	unlock := o.lock.hold("fill " + l.String())
+	err := fill(ctx, db, l, o.rows)
+	unlock()
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "%s: filled %d rows in %s\n", l, o.rows, time.Since(t0).Round(time.Second))
@@ -180,10 +183,12 @@ func decompose(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) err
 	res := map[string]*acc{}
 	for rep := 0; rep < o.repeat; rep++ {
 		for _, c := range o.callers {
+			unlock := o.lock.hold(fmt.Sprintf("decompose %s x%d round %d", l, c, rep+1))
 			for _, v := range variants {
 				s0, c0 := procCPU(pid), selfCPU()
 				r, err := measure(ctx, c, o.dur, 1, v.fn)
 				if err != nil {
+					unlock()
 					return fmt.Errorf("%s: %w", v.name, err)
 				}
 				s1, c1 := procCPU(pid), selfCPU()
@@ -198,6 +203,7 @@ func decompose(ctx context.Context, o opts, db *sql.DB, l mysqlstore.Layout) err
 				a.cli = append(a.cli, float64(c1-c0)/float64(time.Millisecond)/float64(r.calls))
 				fmt.Fprintf(os.Stderr, "  %-16s x%-3d %8.0f rows/s  server %.2f ms/stmt  client %.2f ms/stmt  p50 %v\n", v.name, c, r.rate(), a.srv[len(a.srv)-1], a.cli[len(a.cli)-1], r.p50)
 			}
+			unlock()
 		}
 	}
 	med := func(x []float64) float64 {
