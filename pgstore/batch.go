@@ -409,6 +409,10 @@ func (s *Store) pipeline(ctx context.Context, q querier, sp []span, args [][]any
 // Each entry is judged on its own; an entry whose statement raced a
 // concurrent change is settled with a follow-up Complete.
 func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	return s.completeBatch(ctx, s.pool, cs, false)
+}
+
+func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completion, inTx bool) ([]error, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -457,7 +461,7 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]erro
 		key   []byte
 	}
 	answers := make([]answer, len(todo))
-	br := s.pool.SendBatch(ctx, b)
+	br := q.SendBatch(ctx, b)
 	for j := range todo {
 		a := &answers[j]
 		if err := br.QueryRow().Scan(&a.done, &a.state, &a.cur, &a.key); err != nil {
@@ -477,7 +481,7 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]erro
 		case uint64(*a.cur) == tok && *a.state == stCompleted:
 		case uint64(*a.cur) == tok && *a.state == stInProgress:
 			// Our snapshot predates a concurrent change: ask again alone.
-			errs[e.i] = s.mutate(ctx, s.pool, mutComplete, e.ref, tok, e.res, false)
+			errs[e.i] = s.mutate(ctx, q, mutComplete, e.ref, tok, e.res, inTx)
 		default:
 			errs[e.i] = fmt.Errorf("%w: key %q token %d (current %d, %s)", idem.ErrFenced, e.ref.key, tok, *a.cur, idem.State(*a.state))
 		}

@@ -45,6 +45,15 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, key []byte, token uin
 	return s.mutateIn(ctx, tx, mutComplete, key, token, result)
 }
 
+// CompleteBatchTx is CompleteBatch inside the caller's transaction: the
+// token-checked updates of all entries pipelined in one round trip on tx,
+// each judged on its own (errs[i] is what CompleteTx would return for
+// cs[i]). They take effect when tx commits. A server error aborts tx and is
+// returned as the call's error.
+func (s *Store) CompleteBatchTx(ctx context.Context, tx pgx.Tx, cs []idem.Completion) ([]error, error) {
+	return s.completeBatch(ctx, tx, cs, true)
+}
+
 // ReleaseTx releases key with token inside the caller's transaction.
 func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, key []byte, token uint64, cause string) error {
 	if err := idem.ValidateCause(cause); err != nil {

@@ -443,3 +443,78 @@ func TestCommitConnectionLost(t *testing.T) {
 		})
 	}
 }
+
+// TestCompleteBatchTx completes held claims in the caller's transaction:
+// each entry judged as CompleteTx would judge it, nothing visible before
+// commit, nothing applied after a rollback.
+func TestCompleteBatchTx(t *testing.T) {
+	for _, lc := range []layoutCase{layouts[0], layouts[1], layouts[3]} {
+		t.Run(lc.name, func(t *testing.T) {
+			s, cfg := newStore(t, lc, "cbtx")
+			ctx := ctxT(t)
+			keys := []string{"c1", "c2", "c3", "c4"}
+			reqs := make([]idem.ClaimRequest, len(keys))
+			for i, k := range keys {
+				reqs[i] = claimReq(k)
+			}
+			res, err := s.ClaimBatch(ctx, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok := func(i int) uint64 { return res[i].Claim.Record.Token }
+			cs := []idem.Completion{
+				{Key: []byte("c1"), Token: tok(0), Result: []byte("r1")},
+				{Key: []byte("c2"), Token: tok(1) + 1}, // not the holder's token
+				{Key: []byte("never"), Token: 7},
+				{Key: []byte("c3"), Token: tok(2)},
+				{Key: nil, Token: 1},
+				{Key: []byte("c1"), Token: tok(0), Result: []byte("r1")}, // repeat in the same batch
+			}
+			for _, commit := range []bool{false, true} {
+				tx, err := cfg.Pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				errs, err := s.CompleteBatchTx(ctx, tx, cs)
+				if err != nil {
+					_ = tx.Rollback(ctx)
+					t.Fatal(err)
+				}
+				want := []error{nil, idem.ErrFenced, idem.ErrNotFound, nil, idem.ErrInvalidKey, nil}
+				for i, w := range want {
+					if (w == nil) != (errs[i] == nil) || (w != nil && !errors.Is(errs[i], w)) {
+						t.Errorf("commit=%v entry %d: %v, want %v", commit, i, errs[i], w)
+					}
+				}
+				if rec, err := s.Get(ctx, []byte("c1")); err != nil || rec.State != idem.StateInProgress {
+					t.Fatalf("before commit: %+v, %v", rec, err)
+				}
+				if commit {
+					err = tx.Commit(ctx)
+				} else {
+					err = tx.Rollback(ctx)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, k := range keys {
+				rec, err := s.Get(ctx, []byte(k))
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := idem.StateInProgress
+				if i == 0 || i == 2 {
+					want = idem.StateCompleted
+				}
+				if rec.State != want || (i == 0 && string(rec.Result) != "r1") {
+					t.Errorf("key %s after commit: %s %q, want %s", k, rec.State, rec.Result, want)
+				}
+			}
+			// Completing again outside the transaction is an idempotent repeat.
+			if err := s.Complete(ctx, []byte("c1"), tok(0), []byte("r1")); err != nil {
+				t.Errorf("repeat after commit: %v", err)
+			}
+		})
+	}
+}
