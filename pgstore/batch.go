@@ -363,7 +363,7 @@ func (s *Store) batchArgs(reqs []idem.ClaimRequest, send []*keyQueue, sp []span,
 			a[4], a[5] = leases[lo:hi:hi], ttls[lo:hi:hi]
 		}
 		if times != nil {
-			a = append(a, times[lo:hi:hi])
+			a = append(a, timeArray(times[lo:hi:hi]))
 		}
 		args[j] = a
 	}
@@ -493,8 +493,9 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 }
 
 // byteaArray is a bytea[] parameter. pgx encodes a [][]byte through
-// reflection, boxing every element; this hands it pointers instead (no
-// allocation per element). A nil element is NULL, a nil array NULL.
+// reflection, boxing every element; this hands out byteaElem values, which
+// are pointer-shaped (boxing them does not allocate) and encode through
+// pgtype.BytesValuer. A nil element is NULL, a nil array NULL.
 type byteaArray [][]byte
 
 func (a byteaArray) Dimensions() []pgtype.ArrayDimension {
@@ -504,6 +505,38 @@ func (a byteaArray) Dimensions() []pgtype.ArrayDimension {
 	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
 }
 
-func (a byteaArray) Index(i int) any { return &a[i] }
+func (a byteaArray) Index(i int) any { return byteaElem{&a[i]} }
 
-func (a byteaArray) IndexType() any { return (*[]byte)(nil) }
+func (a byteaArray) IndexType() any { return byteaElem{} }
+
+type byteaElem struct{ p *[]byte }
+
+func (e byteaElem) BytesValue() ([]byte, error) {
+	if e.p == nil {
+		return nil, nil
+	}
+	return *e.p, nil
+}
+
+// timeArray is a timestamptz[] parameter, encoded like byteaArray.
+type timeArray []time.Time
+
+func (a timeArray) Dimensions() []pgtype.ArrayDimension {
+	if a == nil {
+		return nil
+	}
+	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
+}
+
+func (a timeArray) Index(i int) any { return timeElem{&a[i]} }
+
+func (a timeArray) IndexType() any { return timeElem{} }
+
+type timeElem struct{ p *time.Time }
+
+func (e timeElem) TimestamptzValue() (pgtype.Timestamptz, error) {
+	if e.p == nil {
+		return pgtype.Timestamptz{}, nil
+	}
+	return pgtype.Timestamptz{Time: *e.p, Valid: true}, nil
+}
