@@ -5,18 +5,21 @@
 // to idem.MaxKeyLen are compared exactly and never hit PostgreSQL's index
 // entry size limit. Leases and retention use the database clock
 // (statement_timestamp()), shared by every worker. Tokens come from one
-// sequence per table, drawn under the row lock on takeover, so they grow
-// per key across expiry, purge and Delete.
+// sequence per table (value times 1024), drawn under the row lock on
+// takeover, so they grow per key across expiry, purge and Delete.
 //
 // A claim is one statement: INSERT ... ON CONFLICT DO UPDATE ... WHERE
 // <takeover allowed> RETURNING, which also reads the conflicting row in the
-// same statement when the takeover is not allowed. ClaimBatch runs the same
-// statement over unnest()ed arrays: one round trip for the whole batch.
+// same statement when the takeover is not allowed. ClaimBatch first runs a
+// bare multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING token (one
+// sequence value per statement), so a batch of fresh keys costs one round
+// trip; only the keys that already had a row go through the claim
+// statement over unnest()ed arrays, in a second one.
 //
-// Transactional use: ClaimTx/CompleteTx take the caller's pgx.Tx, and DoTx
-// runs the caller's effect between claim and completion in ONE transaction,
-// retrying serialization failures and resolving a COMMIT whose answer was
-// lost by reading the record.
+// Transactional use: ClaimTx/CompleteTx (and ClaimBatchTx/CompleteBatchTx)
+// take the caller's pgx.Tx, and DoTx runs the caller's effect between
+// claim and completion in ONE transaction, retrying serialization failures
+// and resolving a COMMIT whose answer was lost by reading the record.
 //
 // Layouts (Config.Layout): a single table; N hash shards; a time-ordered
 // index for keys that carry their own time (UUIDv7, ULID, Snowflake), which
