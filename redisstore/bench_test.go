@@ -28,9 +28,11 @@ func benchAddr() string {
 
 // BenchmarkClaim measures claims of new keys (the common path: a first
 // delivery) with 1, 8 and 64 concurrent callers: one key per Claim
-// (single), one key per Claim with Config.CoalesceClaims (coalesced), or 64
-// keys per ClaimBatch (batch64). It reports claims/s and the p50/p99 latency of one
-// call. bench.sh runs it beside redis-benchmark SET NX.
+// without coalescing (single: Config.NoCoalesce), one key per Claim with the
+// default coalescing (coalesced; $IDEM_BENCH_INFLIGHT overrides
+// Config.CoalesceInFlight), or 64 keys per ClaimBatch (batch64). It reports
+// claims/s and the p50/p99 latency of one call. bench.sh runs it beside
+// redis-benchmark SET NX.
 func BenchmarkClaim(b *testing.B) {
 	for _, mode := range []struct {
 		name     string
@@ -49,7 +51,9 @@ func benchClaims(b *testing.B, callers, batch int, coalesce bool) {
 	client := redis.NewClient(&redis.Options{Addr: benchAddr(), PoolSize: callers + 4, MaxRetries: -1})
 	defer client.Close()
 	prefix := uniquePrefix()
-	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, SkipChecks: true, CoalesceClaims: coalesce})
+	inflight, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_INFLIGHT"))
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, SkipChecks: true,
+		NoCoalesce: !coalesce, CoalesceInFlight: inflight})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,15 +12,19 @@ import (
 const maxCoalesce = 256
 
 // coalescer merges concurrent Claim calls into batch scripts, like a group
-// commit: while one batch is in flight, new claims queue; when it returns,
-// everything queued goes in the next one. A lone caller never waits for
-// anyone, so latency at low concurrency is unchanged, and under load each
-// claim costs Redis a share of one script call instead of a whole one.
+// commit: while max batches are in flight, new claims queue; when one
+// returns, everything queued goes in the next one. A caller that finds a
+// free slot sends at once (with whatever queued before it), so a lone
+// caller never waits for anyone and latency at low concurrency is
+// unchanged; under load each claim costs Redis (and the client) a share of
+// one script call and one round trip instead of a whole one. More than one
+// batch in flight keeps the server busy while the next batch forms.
 type coalescer struct {
-	s       *Store
-	mu      sync.Mutex
-	queue   []*waiter
-	running bool
+	s        *Store
+	max      int // batches in flight at most
+	mu       sync.Mutex
+	queue    []*waiter
+	inflight int
 }
 
 type waiter struct {
@@ -39,11 +43,11 @@ func (co *coalescer) claim(ctx context.Context, req idem.ClaimRequest) (idem.Cla
 	w := &waiter{req: req, ctx: ctx, done: make(chan struct{})}
 	co.mu.Lock()
 	co.queue = append(co.queue, w)
-	if !co.running {
-		// Nobody is sending: this caller sends what is queued (usually just
-		// its own claim) without a hand-off, then passes anything that queued
-		// meanwhile to a worker goroutine.
-		co.running = true
+	if co.inflight < co.max {
+		// A slot is free: this caller sends what is queued (usually just
+		// its own claim) without a hand-off, then passes its slot, and
+		// anything that queued meanwhile, to a worker goroutine.
+		co.inflight++
 		batch := co.take()
 		co.mu.Unlock()
 		co.send(batch)
@@ -51,7 +55,7 @@ func (co *coalescer) claim(ctx context.Context, req idem.ClaimRequest) (idem.Cla
 		if len(co.queue) > 0 {
 			go co.loop()
 		} else {
-			co.running = false
+			co.inflight--
 		}
 	}
 	co.mu.Unlock()
@@ -105,14 +109,15 @@ func (co *coalescer) take() []*waiter {
 	return batch
 }
 
-// loop sends batches until the queue is empty, then exits (no goroutine
-// lingers on an idle store).
+// loop holds one in-flight slot and sends batches until the queue is
+// empty, then gives the slot back and exits (no goroutine lingers on an
+// idle store).
 func (co *coalescer) loop() {
 	for {
 		co.mu.Lock()
 		batch := co.take()
 		if len(batch) == 0 && len(co.queue) == 0 {
-			co.running = false
+			co.inflight--
 			co.mu.Unlock()
 			return
 		}

@@ -20,7 +20,7 @@ func TestCoalesceCancel(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
 	t.Cleanup(func() { dropPrefix(t, c, prefix) })
-	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, CoalesceClaims: true})
+	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, CoalesceInFlight: 3})
 	bg := context.Background()
 	const n = 400
 	type out struct {

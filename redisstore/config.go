@@ -16,7 +16,10 @@ const (
 	DefaultShards      = 1024
 	DefaultWaitTimeout = 500 * time.Millisecond
 	DefaultBatchChunk  = 128
-	MaxShards          = 16384
+	// DefaultCoalesceInFlight is how many coalesced claim scripts may be in
+	// flight at once (see Config.CoalesceInFlight).
+	DefaultCoalesceInFlight = 2
+	MaxShards               = 16384
 )
 
 // Config configures a Store. Client is required; every other field has a
@@ -58,13 +61,20 @@ type Config struct {
 	// for others; chunks are pipelined in one round trip.
 	BatchChunk int
 
-	// CoalesceClaims merges concurrent Claim calls into one batch script
-	// (group-commit style: claims arriving while a batch is in flight go in
-	// the next one; a lone caller does not wait). It raises throughput under
-	// many concurrent callers (see docs/benchmarks/redisstore.md); the cost
-	// is that one failed round trip fails every claim it carried, each with
-	// the same error.
-	CoalesceClaims bool
+	// Concurrent Claim calls share batch scripts (group-commit style: a
+	// caller that finds fewer than CoalesceInFlight scripts in flight sends
+	// at once with whatever queued before it; claims arriving meanwhile go
+	// in the next script). A lone caller never waits, and under concurrency
+	// each claim costs a share of one script and one round trip (see
+	// docs/benchmarks/redisstore.md). The cost: a failed round trip fails
+	// every claim it carried, each with the same error (ErrUnavailable when
+	// nothing was sent, ErrUnknownOutcome when it may have been applied).
+	//
+	// CoalesceInFlight is the number of scripts in flight at once (default
+	// 2, at most 64). NoCoalesce turns coalescing off: every Claim runs its
+	// own script on its own pooled connection.
+	CoalesceInFlight int
+	NoCoalesce       bool
 
 	// Logger gets the startup safety warnings (default slog.Default()).
 	Logger *slog.Logger
@@ -88,6 +98,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchChunk == 0 {
 		c.BatchChunk = DefaultBatchChunk
+	}
+	if c.CoalesceInFlight == 0 {
+		c.CoalesceInFlight = DefaultCoalesceInFlight
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -123,6 +136,9 @@ func (c Config) Validate() error {
 	}
 	if c.BatchChunk < 0 || c.BatchChunk > 4096 {
 		return fmt.Errorf("%w: redisstore: BatchChunk %d outside [1, 4096]", idem.ErrInvalidArgument, c.BatchChunk)
+	}
+	if c.CoalesceInFlight < 0 || c.CoalesceInFlight > 64 {
+		return fmt.Errorf("%w: redisstore: CoalesceInFlight %d outside [1, 64]", idem.ErrInvalidArgument, c.CoalesceInFlight)
 	}
 	return nil
 }

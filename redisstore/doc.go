@@ -24,7 +24,8 @@
 // CompleteBatch settles many held claims the same way, each entry exactly as
 // Complete would (the same Lua update runs per entry); a batch that was only
 // partly applied returns idem.ErrUnknownOutcome, and retrying it is safe.
-// With Config.CoalesceClaims, concurrent Claim calls share batch scripts too.
+// Concurrent Claim calls share batch scripts too (Config.CoalesceInFlight,
+// Config.NoCoalesce).
 //
 // Errors are mapped onto idem's: a refused connection or a server that
 // refuses the command (LOADING, READONLY, CLUSTERDOWN...) is

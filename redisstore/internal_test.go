@@ -57,8 +57,17 @@ func TestKeyLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	rk, sk := s.keysOf([]byte("order-42"))
-	if rk != "idem:orders:{756}:k:order-42" || sk != "idem:orders:{756}:seq" {
+	if rk != "idem:orders:{756}:k:order-42" || sk != "idem:orders:seq" {
 		t.Fatalf("keys %q %q", rk, sk)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cc.Close()
+	cs, err := New(context.Background(), Config{Client: cc, Namespace: "orders", SkipChecks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rk, sk := cs.keysOf([]byte("order-42")); rk != "idem:orders:{756}:k:order-42" || sk != "idem:orders:{756}:seq" {
+		t.Fatalf("cluster keys %q %q", rk, sk)
 	}
 	for _, k := range [][]byte{[]byte("a}:k:b"), {0, 0xff, '{', '}'}, []byte("*?[")} {
 		rk, _ := s.keysOf(k)
@@ -121,13 +130,13 @@ func FuzzParseCursor(f *testing.F) {
 // never panic, and what it accepts must be self-consistent.
 func FuzzParseRecord(f *testing.F) {
 	for _, s := range []string{
-		"1|p|1764450000000123|1|1764450060000|1764453600000|1764450000000|1764450000000|3600000|0|0|",
-		"1|c|1764450000000200|2|1764450060000|1764453600000|1764450000000|1764450001000|3600000|4|3|fp-aerrresult\x00\xff",
-		"1|r|5|1|1|1|1|1|1|0|5|cause",
-		"2|p|1|1|1|1|1|1|1|0|0|",
-		"1|p|1|1|1|1|1|1|1|9|9|short",
-		"1|x|1|1|1|1|1|1|1|0|0|",
-		"1|p|-1|1|1|1|1|1|1|0|0|",
+		"2|p|1764450000000123|1|1764450000000|60000|1764450000000|3600000|1764450000000|1764450000000|3600000|0|0|",
+		"2|c|1764450000000200|2|1764450000000|60000|1764450001000|3600000|1764450000000|1764450001000|3600000|4|3|fp-aerrresult\x00\xff",
+		"2|r|5|1|1|1|1|1|1|1|1|0|5|cause",
+		"1|p|1|1|1|1|1|1|1|0|0|",
+		"2|p|1|1|1|1|1|1|1|1|1|9|9|short",
+		"2|x|1|1|1|1|1|1|1|1|1|0|0|",
+		"2|p|-1|1|1|1|1|1|1|1|1|0|0|",
 		"",
 	} {
 		f.Add(s)
@@ -149,7 +158,8 @@ func FuzzParseRecord(f *testing.F) {
 func TestVersionOK(t *testing.T) {
 	for info, want := range map[string]bool{
 		"# Server\r\nredis_version:7.0.15\r\n": true,
-		"redis_version:6.2.0\r\n":              true,
+		"redis_version:7.0.0\r\n":              true,
+		"redis_version:6.2.14\r\n":             false,
 		"redis_version:6.0.16\r\n":             false,
 		"redis_version:5.0.7\r\n":              false,
 		"redis_version:10.1.0\r\n":             true,

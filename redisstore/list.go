@@ -225,20 +225,20 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 				pipe := n.Pipeline()
 				cmds := make([]*redis.StringCmd, len(keys))
 				for i, k := range keys {
-					cmds[i] = pipe.GetRange(ctx, k, 0, 2) // "1|<state>"
+					cmds[i] = pipe.GetRange(ctx, k, 0, 2) // "2|<state>"
 				}
 				if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 					return st, mapErr(ctx, err, "stats", false)
 				}
 				for _, c := range cmds {
 					switch c.Val() {
-					case "1|p":
+					case "2|p":
 						st.InProgress++
-					case "1|c":
+					case "2|c":
 						st.Completed++
-					case "1|f":
+					case "2|f":
 						st.Failed++
-					case "1|r":
+					case "2|r":
 						st.Released++
 					}
 				}

@@ -74,7 +74,7 @@ func TestMemoryPerRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := usage("order-done-00001")
-	seqs, err := c.Keys(ctx, "idem:orders:{*}:seq").Result()
+	seqs, err := c.Keys(ctx, "idem:orders:seq").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -235,7 +235,10 @@ func (s *Store) claimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 		}
 		sh := s.shard(r.Key)
 		c := b.add(i, sh, 0)
-		c.keys = append(c.keys, s.recordKey(sh, r.Key), s.seqKey(sh))
+		if len(c.keys) == 0 {
+			c.keys = append(c.keys, s.counterKey(sh))
+		}
+		c.keys = append(c.keys, s.recordKey(sh, r.Key))
 		c.args = claimArgs(c.args, r)
 	}
 	if len(b.groups) == 0 {
@@ -302,26 +305,23 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]erro
 	return errs, nil
 }
 
-// decodeClaims turns claimScript's reply into results for reqs.
+// decodeClaims turns claimScript's flat reply (code, record per key) into
+// results for reqs.
 func decodeClaims(cmd *redis.Cmd, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
 	v, err := cmd.Slice()
-	if err != nil || len(v) != len(reqs) {
+	if err != nil || len(v) != 2*len(reqs) {
 		return nil, fmt.Errorf("redisstore: claim: unexpected reply %v: %v", v, err)
 	}
 	out := make([]idem.BatchResult, len(reqs))
-	for i, e := range v {
-		ent, ok := e.([]any)
-		if !ok || len(ent) == 0 {
-			return nil, fmt.Errorf("redisstore: claim: unexpected entry %v", e)
+	for i := range reqs {
+		code, _ := v[2*i].(int64)
+		raw, ok := v[2*i+1].(string)
+		if !ok || code != 9 && (code < 1 || code > 4) {
+			return nil, fmt.Errorf("redisstore: claim: unexpected entry %v %v", v[2*i], v[2*i+1])
 		}
-		code, _ := ent[0].(int64)
 		if code == 9 {
 			out[i].Err = fmt.Errorf("%w: key %q", idem.ErrFingerprintMismatch, trunc(reqs[i].Key))
 			continue
-		}
-		raw, _ := ent[len(ent)-1].(string)
-		if len(ent) != 2 || code < 1 || code > 4 {
-			return nil, fmt.Errorf("redisstore: claim: unexpected entry %v", e)
 		}
 		rec, err := parseRecord(reqs[i].Key, raw)
 		if err != nil {
@@ -338,7 +338,7 @@ func parseRecord(key []byte, v string) (idem.Record, error) {
 	bad := func(what string) (idem.Record, error) {
 		return idem.Record{}, fmt.Errorf("redisstore: key %q: corrupt record (%s)", trunc(key), what)
 	}
-	var f [11]string
+	var f [13]string
 	rest := v
 	for i := range f {
 		j := strings.IndexByte(rest, '|')
@@ -347,18 +347,20 @@ func parseRecord(key []byte, v string) (idem.Record, error) {
 		}
 		f[i], rest = rest[:j], rest[j+1:]
 	}
-	if f[0] != "1" {
+	if f[0] != "2" {
 		return bad("version " + f[0])
 	}
-	var n [10]int64
-	for i := 2; i <= 10; i++ {
+	// n[i] is field i: 2 token, 3 attempts, 4 lb, 5 ld, 6 xb, 7 xd,
+	// 8 created, 9 updated, 10 ttl, 11 len(f), 12 len(e).
+	var n [13]int64
+	for i := 2; i < len(f); i++ {
 		x, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil || x < 0 {
 			return bad("field " + strconv.Itoa(i))
 		}
-		n[i-1] = x
+		n[i] = x
 	}
-	fl, el := n[8], n[9]
+	fl, el := n[11], n[12]
 	if fl+el > int64(len(rest)) {
 		return bad("lengths")
 	}
@@ -384,14 +386,14 @@ func parseRecord(key []byte, v string) (idem.Record, error) {
 	return idem.Record{
 		Key:         append([]byte(nil), key...),
 		State:       st,
-		Token:       uint64(n[1]),
+		Token:       uint64(n[2]),
 		Fingerprint: bs(rest[:fl]),
 		LastError:   rest[fl : fl+el],
 		Result:      bs(rest[fl+el:]),
-		Attempts:    int(n[2]),
-		LeaseUntil:  time.UnixMilli(n[3]),
-		ExpiresAt:   time.UnixMilli(n[4]),
-		CreatedAt:   time.UnixMilli(n[5]),
-		UpdatedAt:   time.UnixMilli(n[6]),
+		Attempts:    int(n[3]),
+		LeaseUntil:  time.UnixMilli(n[4] + n[5]),
+		ExpiresAt:   time.UnixMilli(n[6] + n[7]),
+		CreatedAt:   time.UnixMilli(n[8]),
+		UpdatedAt:   time.UnixMilli(n[9]),
 	}, nil
 }

@@ -4,108 +4,131 @@ import "github.com/redis/go-redis/v9"
 
 // A record is one string key (see docs/redisstore.md for why not a hash):
 //
-//	1|s|token|attempts|lease|expires|created|updated|ttl|len(f)|len(e)|<f><e><r>
+//	2|s|token|attempts|lb|ld|xb|xd|created|updated|ttl|len(f)|len(e)|<f><e><r>
 //
-// 1 is the format version; s is p (in progress), c (completed), f (failed)
-// or r (released); times are unix ms; ttl is the latest claim's TTL in ms
-// (Complete and Fail need it); f, e and r are the fingerprint, last error
-// and result as raw bytes, the first two length-prefixed, the result taking
-// the rest. Every write sets it with PXAT expires, so Redis drops it at
-// ExpiresAt.
+// 2 is the format version; s is p (in progress), c (completed), f (failed)
+// or r (released); times are unix ms and durations ms: the lease ends at
+// lb+ld and the record expires at xb+xd (Redis drops the key then: every
+// write sets PX xd, or KEEPTTL when the expiry does not move); ttl is the
+// latest claim's TTL (Complete and Fail need it); f, e and r are the
+// fingerprint, last error and result as raw bytes, the first two
+// length-prefixed, the result taking the rest.
 //
-// Every script reads the time with TIME so that all workers share the
-// server's clock, and formats numbers with %.0f: Redis converts Lua numbers
-// with limited precision, and tokens need all 16 digits.
+// Why sums instead of absolute times: every script reads the time with
+// TIME so that all workers share the server's clock, and in Redis' Lua
+// turning a number into a string (sprintf) costs about as much as a whole
+// SET. Stored as (base, duration) pairs, a claim or a completion writes
+// only strings it already has: TIME's digits and the durations the client
+// sent. Numbers are formatted only on rare paths (a takeover's attempt
+// count, a token bumped past the counter), with %.0f: tokens need all 16
+// digits.
+//
+// Tokens are microseconds of server time, made to grow past a counter:
+// token = max(counter+1, now in µs). The counter keeps tokens growing when
+// the clock steps back, the clock keeps them growing when the counter is
+// lost (flush, failover that lost the last writes). One script reads and
+// writes the counter once, before any record (a write refused half way,
+// OOM, can only waste a token, never reuse one), and every key it claims
+// gets that token: tokens must grow per key, not be unique across keys. A
+// key claimed twice in one script (or whose record holds a larger token)
+// gets a larger token, written to the counter first. On a single node the
+// namespace has one counter; on a cluster each shard ({shard} hash tag) has
+// its own, in its records' slot, and a script only ever holds one shard's
+// keys.
 
-// luaPrelude is shared by every script.
+// luaPrelude is shared by every script: the time as numbers and as digit
+// strings, and the record parser. parse returns nil for anything that is
+// not a version 2 record.
 const luaPrelude = `
 local tm = redis.call('TIME')
-local nowms = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-local nowus = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local us6 = string.sub('00000' .. tm[2], -6)
+local nowusS, nowmsS = tm[1] .. us6, tm[1] .. string.sub(us6, 1, 3)
+local nowus, nowms = tonumber(nowusS), tonumber(nowmsS)
 local function S(v) return string.format('%.0f', v) end
-local nowmsS, nowusS = S(nowms), S(nowus)
 local function parse(v)
-  local ver, s, t, a, l, x, c, u, d, fl, el, p = string.match(v,
-    '^(%d)|(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
-  if ver ~= '1' then return nil end
-  fl, el = tonumber(fl), tonumber(el)
-  return {s = s, t = t, a = a, l = tonumber(l), x = tonumber(x), c = c, d = d,
-    f = string.sub(v, p, p + fl - 1), e = string.sub(v, p + fl, p + fl + el - 1), rp = p + fl + el}
-end
-local function pack(s, t, a, l, x, c, u, d, f, e, r)
-  return '1|' .. s .. '|' .. t .. '|' .. a .. '|' .. l .. '|' .. x .. '|' .. c .. '|' .. u .. '|' .. d ..
-    '|' .. tostring(#f) .. '|' .. tostring(#e) .. '|' .. f .. e .. r
+  local ver, s, t, a, lb, ld, xb, xd, c, u, d, fl, el, p = string.match(v,
+    '^(%d)|(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|()')
+  if ver ~= '2' then return nil end
+  local fn, en = tonumber(fl), tonumber(el)
+  return {s = s, t = t, a = a, lb = lb, ld = ld, xb = xb, xd = xd, c = c, d = d, fl = fl, el = el,
+    f = string.sub(v, p, p + fn - 1), e = string.sub(v, p + fn, p + fn + en - 1)}
 end
 local function corrupt(k) return redis.error_reply('idem: corrupt record at ' .. k) end
 `
 
-// claimScript claims n keys in order. KEYS: record1, seq1, record2, seq2...
-// ARGV: fp1, lease1, ttl1, fp2, ... (ms). It returns one entry per key:
-// {code, record} with code 1 acquired, 2 completed, 3 in progress, 4
-// failed, 9 fingerprint mismatch (then only {9}).
+// claimScript claims n keys in order. KEYS: counter, record1, record2...
+// ARGV per key: fp, len(fp), lease, ttl, max(lease, ttl) (ms, decimal).
+// It returns a flat list, two entries per key: code, record; code 1
+// acquired, 2 completed, 3 in progress, 4 failed, 9 fingerprint mismatch
+// (record then empty).
 //
-// The token is max(seq+1, now in µs) where seq is the shard's counter (one
-// SET ... GET in the usual case, a second SET when the clock has not passed
-// the counter): the counter keeps tokens growing when the clock steps back,
-// the clock keeps them growing when the counter is lost (flush, failover
-// that lost the last writes). The counter is written before the record so
-// that a write refused half way (OOM) can only waste a token, never reuse
-// one.
+// The usual path for a key is one SET NX GET: it writes the new record and
+// tells in the same call whether one was there.
 var claimScript = redis.NewScript(luaPrelude + `
-local out = {}
-for i = 1, #KEYS / 2 do
-  local rk, sk = KEYS[2*i-1], KEYS[2*i]
-  local fp = ARGV[3*i-2]
-  local v = redis.call('GET', rk)
-  local code, h = 1, nil
-  if v then
-    h = parse(v)
-    if not h then return corrupt(rk) end
-    if fp ~= '' and h.f ~= '' and h.f ~= fp then code = 9
-    elseif h.s == 'c' then code = 2
-    elseif h.s == 'f' then code = 4
-    elseif h.s == 'p' and h.l > nowms then code = 3
-    end
+local tok = nowusS
+local old = redis.call('SET', KEYS[1], tok, 'GET')
+local top = nowus
+if old then
+  local o = tonumber(old)
+  if o and o >= nowus then
+    top = o + 1
+    tok = S(top)
+    redis.call('SET', KEYS[1], tok)
   end
-  if code == 9 then
-    out[i] = {9}
-  elseif code ~= 1 then
-    out[i] = {code, v}
+end
+local out = {}
+local a = 0
+for i = 2, #KEYS do
+  local rk = KEYS[i]
+  local fp, fl, lease, ttl, px = ARGV[a+1], ARGV[a+2], ARGV[a+3], ARGV[a+4], ARGV[a+5]
+  a = a + 5
+  local j = 2 * i - 3
+  local v = '2|p|' .. tok .. '|1|' .. nowmsS .. '|' .. lease .. '|' .. nowmsS .. '|' .. px .. '|' ..
+    nowmsS .. '|' .. nowmsS .. '|' .. ttl .. '|' .. fl .. '|0|' .. fp
+  local cur = redis.call('SET', rk, v, 'NX', 'GET', 'PX', px)
+  if not cur then
+    out[j], out[j+1] = 1, v
   else
-    -- Usual case: one SET ... GET. The rare second SET (same µs, or the
-    -- clock behind the counter) follows at once in the same script.
-    local tok = nowusS
-    local old = redis.call('SET', sk, tok, 'GET')
-    if old and tonumber(old) >= nowus then
-      tok = S(tonumber(old) + 1)
-      redis.call('SET', sk, tok)
+    local h = parse(cur)
+    if not h then return corrupt(rk) end
+    if fp ~= '' and h.f ~= '' and h.f ~= fp then
+      out[j], out[j+1] = 9, ''
+    elseif h.s == 'c' then
+      out[j], out[j+1] = 2, cur
+    elseif h.s == 'f' then
+      out[j], out[j+1] = 4, cur
+    elseif h.s == 'p' and tonumber(h.lb) + tonumber(h.ld) > nowms then
+      out[j], out[j+1] = 3, cur
+    else
+      -- Takeover: released, or its lease ran out.
+      local t = tok
+      local ht = tonumber(h.t)
+      if ht >= tonumber(t) then
+        if ht >= top then top = ht end
+        top = top + 1
+        t = S(top)
+        redis.call('SET', KEYS[1], t)
+      end
+      local f, flen = h.f, h.fl
+      if f == '' then f, flen = fp, fl end
+      v = '2|p|' .. t .. '|' .. S(tonumber(h.a) + 1) .. '|' .. nowmsS .. '|' .. lease .. '|' .. nowmsS .. '|' ..
+        px .. '|' .. h.c .. '|' .. nowmsS .. '|' .. ttl .. '|' .. flen .. '|' .. h.el .. '|' .. f .. h.e
+      redis.call('SET', rk, v, 'PX', px)
+      out[j], out[j+1] = 1, v
     end
-    local ttlS = ARGV[3*i]
-    local lu = nowms + tonumber(ARGV[3*i-1])
-    local ex = nowms + tonumber(ttlS)
-    local luS = S(lu)
-    local exS = luS
-    if ex > lu then exS = S(ex) end
-    local att, cr, f, e = '1', nowmsS, fp, ''
-    if h then
-      att, cr, e = S(tonumber(h.a) + 1), h.c, h.e
-      if h.f ~= '' then f = h.f end
-    end
-    v = pack('p', tok, att, luS, exS, cr, nowmsS, ttlS, f, e, '')
-    redis.call('SET', rk, v, 'PXAT', exS)
-    out[i] = {1, v}
   end
 end
 return out
 `)
 
-// luaUpdate defines update(rk, op, tok, arg), the one implementation of
-// Complete (c), Release (r), Fail (f) and Extend (e) with a token: arg is
-// the result, cause or lease ms. It returns 1 done, 0 not found, -1 fenced,
-// -2 corrupt record, -3 unknown op. updateScript runs it once,
+// luaUpdate defines update(rk, op, tok, arg, alen), the one implementation
+// of Complete (c), Release (r), Fail (f) and Extend (e) with a token: arg is
+// the result, cause or lease ms, alen the cause's length (the client sends
+// it: see the record format above). It returns 1 done, 0 not found, -1
+// fenced, -2 corrupt record, -3 unknown op. updateScript runs it once,
 // completeBatchScript once per entry.
 const luaUpdate = `
-local function update(rk, op, tok, arg)
+local function update(rk, op, tok, arg, alen)
   local v = redis.call('GET', rk)
   if not v then return 0 end
   local h = parse(v)
@@ -113,33 +136,34 @@ local function update(rk, op, tok, arg)
   if h.t ~= tok then return -1 end
   if h.s == op and (op == 'c' or op == 'r' or op == 'f') then return 1 end
   if h.s ~= 'p' then return -1 end
-  local ex, l, e = h.x, h.l, h.e
-  local s = op
+  local s, lb, ld, xb, xd, e, el, r, px = op, h.lb, h.ld, h.xb, h.xd, h.e, h.el, '', nil
   if op == 'c' then
-    ex = nowms + tonumber(h.d)
+    xb, xd, r, px = nowmsS, h.d, arg, h.d
   elseif op == 'r' then
-    if arg ~= '' then e = arg end
+    if arg ~= '' then e, el = arg, alen end
   elseif op == 'f' then
-    ex = nowms + tonumber(h.d)
-    e = arg
+    xb, xd, e, el, px = nowmsS, h.d, arg, alen, h.d
   elseif op == 'e' then
-    s = 'p'
-    l = nowms + tonumber(arg)
-    if l > ex then ex = l end
+    s, lb, ld = 'p', nowmsS, arg
+    if nowms + tonumber(arg) > tonumber(xb) + tonumber(xd) then xb, xd, px = nowmsS, arg, arg end
   else
     return -3
   end
-  local r = ''
-  if op == 'c' then r = arg end
-  redis.call('SET', rk, pack(s, h.t, h.a, S(l), S(ex), h.c, S(nowms), h.d, h.f, e, r), 'PXAT', S(ex))
+  v = '2|' .. s .. '|' .. h.t .. '|' .. h.a .. '|' .. lb .. '|' .. ld .. '|' .. xb .. '|' .. xd .. '|' ..
+    h.c .. '|' .. nowmsS .. '|' .. h.d .. '|' .. h.fl .. '|' .. el .. '|' .. h.f .. e .. r
+  if px then
+    redis.call('SET', rk, v, 'PX', px)
+  else
+    redis.call('SET', rk, v, 'KEEPTTL')
+  end
   return 1
 end
 `
 
-// updateScript applies one op. KEYS: record. ARGV: op, token, arg.
+// updateScript applies one op. KEYS: record. ARGV: op, token, arg, alen.
 // Returns update's code; a corrupt record or unknown op is an error reply.
 var updateScript = redis.NewScript(luaPrelude + luaUpdate + `
-local n = update(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+local n = update(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 if n == -2 then return corrupt(KEYS[1]) end
 if n == -3 then return redis.error_reply('idem: unknown op ' .. ARGV[1]) end
 return n
@@ -152,7 +176,7 @@ return n
 var completeBatchScript = redis.NewScript(luaPrelude + luaUpdate + `
 local out = {}
 for i = 1, #KEYS do
-  out[i] = update(KEYS[i], 'c', ARGV[2*i-1], ARGV[2*i])
+  out[i] = update(KEYS[i], 'c', ARGV[2*i-1], ARGV[2*i], '')
 end
 return out
 `)

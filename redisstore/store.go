@@ -22,8 +22,9 @@ type Store struct {
 	client  redis.UniversalClient
 	cluster bool
 	base    string // Prefix + Namespace + ":{"
+	seq     string // single node: the namespace's token counter
 	closed  atomic.Bool
-	co      *coalescer // nil unless Config.CoalesceClaims
+	co      *coalescer // nil with Config.NoCoalesce
 }
 
 var (
@@ -60,9 +61,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 
 func newStore(cfg Config) *Store {
 	_, cluster := cfg.Client.(*redis.ClusterClient)
-	s := &Store{cfg: cfg, client: cfg.Client, cluster: cluster, base: cfg.Prefix + cfg.Namespace + ":{"}
-	if cfg.CoalesceClaims {
-		s.co = &coalescer{s: s}
+	s := &Store{cfg: cfg, client: cfg.Client, cluster: cluster, base: cfg.Prefix + cfg.Namespace + ":{", seq: cfg.Prefix + cfg.Namespace + ":seq"}
+	if !cfg.NoCoalesce {
+		s.co = &coalescer{s: s, max: cfg.CoalesceInFlight}
 	}
 	return s
 }
@@ -81,7 +82,7 @@ func (s *Store) Namespace(ns string) (*Store, error) {
 func (s *Store) checkEviction(ctx context.Context) {
 	check := func(ctx context.Context, c *redis.Client) error {
 		if info, err := c.Info(ctx, "server").Result(); err == nil && !versionOK(info) {
-			s.cfg.Logger.Error("redisstore: Redis 6.2 or later is required (SET with GET and PXAT); every claim will fail", "addr", c.Options().Addr)
+			s.cfg.Logger.Error("redisstore: Redis 7.0 or later is required (SET with NX and GET together); every claim will fail", "addr", c.Options().Addr)
 		}
 		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 		if err != nil {
@@ -104,7 +105,7 @@ func (s *Store) checkEviction(ctx context.Context) {
 	}
 }
 
-// versionOK reports whether INFO server shows Redis 6.2 or later (true when
+// versionOK reports whether INFO server shows Redis 7.0 or later (true when
 // it cannot tell: the scripts' own errors will say).
 func versionOK(info string) bool {
 	for _, l := range strings.Split(info, "\n") {
@@ -112,16 +113,8 @@ func versionOK(info string) bool {
 		if !ok {
 			continue
 		}
-		parts := strings.SplitN(v, ".", 3)
-		if len(parts) < 2 {
-			return true
-		}
-		major, err1 := strconv.Atoi(parts[0])
-		minor, err2 := strconv.Atoi(parts[1])
-		if err1 != nil || err2 != nil {
-			return true
-		}
-		return major > 6 || major == 6 && minor >= 2
+		major, err := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+		return err != nil || major >= 7
 	}
 	return true
 }
@@ -153,9 +146,11 @@ func (s *Store) shard(key []byte) string {
 	return strconv.FormatUint(uint64(h.Sum32()%uint32(s.cfg.Shards)), 10)
 }
 
-// recordKey is Prefix+Namespace+":{shard}:k:"+key; seqKey is
-// Prefix+Namespace+":{shard}:seq". The hash tag {shard} puts a record and
-// its counter in one cluster slot, which one script needs.
+// recordKey is Prefix+Namespace+":{shard}:k:"+key. The token counter of a
+// claim script (counterKey) is Prefix+Namespace+":{shard}:seq" on a
+// cluster, where the hash tag {shard} puts records and their counter in one
+// slot, and Prefix+Namespace+":seq" on a single node, where one counter
+// serves every key of the namespace (see scripts.go).
 func (s *Store) recordKey(shard string, key []byte) string {
 	var b strings.Builder
 	b.Grow(len(s.base) + len(shard) + 4 + len(key))
@@ -166,11 +161,16 @@ func (s *Store) recordKey(shard string, key []byte) string {
 	return b.String()
 }
 
-func (s *Store) seqKey(shard string) string { return s.base + shard + "}:seq" }
+func (s *Store) counterKey(shard string) string {
+	if !s.cluster {
+		return s.seq
+	}
+	return s.base + shard + "}:seq"
+}
 
-func (s *Store) keysOf(key []byte) (rec, seq string) {
+func (s *Store) keysOf(key []byte) (rec, counter string) {
 	sh := s.shard(key)
-	return s.recordKey(sh, key), s.seqKey(sh)
+	return s.recordKey(sh, key), s.counterKey(sh)
 }
 
 // Claim implements idem.Store with one script run.
@@ -184,8 +184,8 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	if s.co != nil {
 		return s.co.claim(ctx, req)
 	}
-	rk, sk := s.keysOf(req.Key)
-	c := &call{script: claimScript, keys: []string{rk, sk}, args: claimArgs(nil, req)}
+	rk, ck := s.keysOf(req.Key)
+	c := &call{script: claimScript, keys: []string{ck, rk}, args: claimArgs(nil, req)}
 	if err := s.run(ctx, []*call{c}, "claim"); err != nil {
 		return idem.Claim{}, err
 	}
@@ -196,8 +196,10 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	return res[0].Claim, res[0].Err
 }
 
+// claimArgs appends one key's ARGV of claimScript.
 func claimArgs(args []any, req idem.ClaimRequest) []any {
-	return append(args, req.Fingerprint, req.Lease.Milliseconds(), req.TTL.Milliseconds())
+	lease, ttl := req.Lease.Milliseconds(), req.TTL.Milliseconds()
+	return append(args, req.Fingerprint, len(req.Fingerprint), lease, ttl, max(lease, ttl))
 }
 
 // Complete implements idem.Store.
@@ -205,7 +207,7 @@ func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result [
 	if err := validateCompletion(key, token, result); err != nil {
 		return err
 	}
-	return s.update(ctx, "c", key, token, result)
+	return s.update(ctx, "c", key, token, result, 0)
 }
 
 func validateCompletion(key []byte, token uint64, result []byte) error {
@@ -223,7 +225,7 @@ func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause str
 	if err := idem.ValidateCause(cause); err != nil {
 		return err
 	}
-	return s.update(ctx, "r", key, token, cause)
+	return s.update(ctx, "r", key, token, cause, len(cause))
 }
 
 // Fail implements idem.Store.
@@ -234,7 +236,7 @@ func (s *Store) Fail(ctx context.Context, key []byte, token uint64, cause string
 	if err := idem.ValidateCause(cause); err != nil {
 		return err
 	}
-	return s.update(ctx, "f", key, token, cause)
+	return s.update(ctx, "f", key, token, cause, len(cause))
 }
 
 // Extend implements idem.Store.
@@ -245,15 +247,16 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 	if err := idem.ValidateLease(lease); err != nil {
 		return err
 	}
-	return s.update(ctx, "e", key, token, lease.Milliseconds())
+	return s.update(ctx, "e", key, token, lease.Milliseconds(), 0)
 }
 
-func (s *Store) update(ctx context.Context, op string, key []byte, token uint64, arg any) error {
+// update runs updateScript; alen is the length of a cause (see scripts.go).
+func (s *Store) update(ctx context.Context, op string, key []byte, token uint64, arg any, alen int) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
 	rk, _ := s.keysOf(key)
-	c := &call{script: updateScript, keys: []string{rk}, args: []any{op, strconv.FormatUint(token, 10), arg}}
+	c := &call{script: updateScript, keys: []string{rk}, args: []any{op, strconv.FormatUint(token, 10), arg, alen}}
 	if err := s.run(ctx, []*call{c}, opName(op)); err != nil {
 		return err
 	}
@@ -312,7 +315,7 @@ func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
 	return parseRecord(key, v)
 }
 
-// Delete implements idem.Store (admin eviction). The shard counter stays,
+// Delete implements idem.Store (admin eviction). The token counter stays,
 // so a later claim still gets a larger token.
 func (s *Store) Delete(ctx context.Context, key []byte) error {
 	if err := idem.ValidateKey(key); err != nil {

@@ -21,7 +21,7 @@ func TestTokensCounterAndClock(t *testing.T) {
 	t.Cleanup(func() { dropPrefix(t, c, prefix) })
 	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, Shards: 1})
 	ctx := context.Background()
-	seq := prefix + ":{0}:seq" // Namespace "", one shard
+	seq := prefix + ":seq" // Namespace "", single node: one counter
 	key := []byte("k")
 	claimDelete := func() uint64 {
 		t.Helper()
