@@ -7,8 +7,10 @@
 #   ROUNDS=5 redisstore/bench.sh
 #
 # For each caller count C in 1 8 64 and each round, back to back:
-#   redis-benchmark -c C -P 1  SET k x NX PX 60000   vs  Claim      (C goroutines)
-#                                                      and Claim with CoalesceClaims
+#   redis-benchmark -c C -P 1  SET k x NX PX 60000   vs  Claim with NoCoalesce (single)
+#                                                      and Claim as configured by default
+#                                                          (coalesced; CoalesceInFlight 4,
+#                                                          or $IDEM_BENCH_INFLIGHT)
 #   redis-benchmark -c C -P 64 SET k x NX PX 60000   vs  ClaimBatch (C goroutines, 64 keys each)
 # Targets: single (and coalesced) >= 80% of -P 1, batch >= 50% of -P 64.
 set -euo pipefail

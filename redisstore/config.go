@@ -18,7 +18,7 @@ const (
 	DefaultBatchChunk  = 128
 	// DefaultCoalesceInFlight is how many coalesced claim scripts may be in
 	// flight at once (see Config.CoalesceInFlight).
-	DefaultCoalesceInFlight = 2
+	DefaultCoalesceInFlight = 4
 	MaxShards               = 16384
 )
 
@@ -71,7 +71,7 @@ type Config struct {
 	// nothing was sent, ErrUnknownOutcome when it may have been applied).
 	//
 	// CoalesceInFlight is the number of scripts in flight at once (default
-	// 2, at most 64). NoCoalesce turns coalescing off: every Claim runs its
+	// 4, at most 64). NoCoalesce turns coalescing off: every Claim runs its
 	// own script on its own pooled connection.
 	CoalesceInFlight int
 	NoCoalesce       bool
