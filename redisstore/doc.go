@@ -1,7 +1,7 @@
 // Package redisstore is an idem.Store on Redis (github.com/redis/go-redis/v9),
 // for a single node, Sentinel or a Redis Cluster alike (any
-// redis.UniversalClient except a Ring). It needs Redis 6.2 or later (SET
-// with GET and PXAT).
+// redis.UniversalClient except a Ring). It needs Redis 7.0 or later (SET
+// with NX and GET together).
 //
 // Every write is ONE Lua script that reads the server's clock with TIME, so
 // all workers share one clock for leases, and checks the fencing token in
@@ -10,12 +10,12 @@
 //	<Prefix><Namespace>:{<shard>}:k:<key bytes>
 //
 // (a short numeric header, then fingerprint, last error and result as raw
-// bytes), written with PXAT at its ExpiresAt on every write, so Redis itself
-// drops records past retention (Purge is a no-op that reports 0). Tokens
-// come from one counter per shard, <Prefix><Namespace>:{<shard>}:seq, in the
-// same hash slot as its records (the {shard} hash tag): a new token is
+// bytes), with a TTL ending at its ExpiresAt, so Redis itself drops records
+// past retention (Purge is a no-op that reports 0). A new token is
 // max(counter+1, server time in µs), which grows across release, expiry and
-// delete without keeping anything per key forever. See docs/redisstore.md
+// delete without keeping anything per key forever; the counter is
+// <Prefix><Namespace>:seq on a single node, and one per shard,
+// <Prefix><Namespace>:{<shard>}:seq, in its records' hash slot on a cluster. See docs/redisstore.md
 // for the key layout, memory per record and the safety settings
 // (maxmemory-policy noeviction, WAIT, persistence).
 //

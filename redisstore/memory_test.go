@@ -79,8 +79,8 @@ func TestMemoryPerRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	seqUsage, _ := c.MemoryUsage(ctx, seqs[0]).Result()
-	t.Logf("%d in-progress records, 16-byte keys: used_memory grew %.0f bytes per record (includes %d shard counters)", n, per, len(seqs))
-	t.Logf("MEMORY USAGE: in-progress record %d bytes; completed record (32-byte fp, 100-byte result) %d bytes; shard counter %d bytes",
+	t.Logf("%d in-progress records, 16-byte keys: used_memory grew %.0f bytes per record (includes %d token counters)", n, per, len(seqs))
+	t.Logf("MEMORY USAGE: in-progress record %d bytes; completed record (32-byte fp, 100-byte result) %d bytes; token counter %d bytes",
 		inProg, done, seqUsage)
 	if inProg > 256 {
 		t.Fatalf("in-progress record takes %d bytes, more than 256", inProg)
