@@ -269,28 +269,35 @@ func TestClaimTxCompleteTx(t *testing.T) {
 		t.Fatalf("after rollback then commit: %+v %v ledger=%d", rec, err, ledgerCount(t, db, "own"))
 	}
 	// A batch inside the caller's transaction: one acquired key completed,
-	// one released, then rolled back: nothing remains.
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.ClaimBatchTx(ctx, tx, []idem.ClaimRequest{claimReq("b1"), claimReq("b2"), claimReq("own"), claimReq("b1")})
-	if err != nil || res[0].Claim.Outcome != idem.OutcomeAcquired || res[1].Claim.Outcome != idem.OutcomeAcquired ||
-		res[2].Claim.Outcome != idem.OutcomeCompleted || res[3].Claim.Outcome != idem.OutcomeInProgress {
-		t.Fatalf("ClaimBatchTx = %+v, %v", res, err)
-	}
-	if err := s.CompleteTx(ctx, tx, []byte("b1"), res[0].Claim.Record.Token, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.ReleaseTx(ctx, tx, []byte("b2"), res[1].Claim.Record.Token, "later"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range []string{"b1", "b2"} {
-		if _, err := s.Get(ctx, []byte(k)); !errors.Is(err, idem.ErrNotFound) {
-			t.Fatalf("%s after rollback: %v", k, err)
+	// one released, then rolled back: nothing remains. Twice: with the rows
+	// in a VALUES list, then in a derived table (ON DUPLICATE KEY UPDATE
+	// over INSERT ... SELECT).
+	for _, derived := range []bool{false, true} {
+		if derived {
+			mysqlstore.SetDerivedMin(s, 1)
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.ClaimBatchTx(ctx, tx, []idem.ClaimRequest{claimReq("b1"), claimReq("b2"), claimReq("own"), claimReq("b1")})
+		if err != nil || res[0].Claim.Outcome != idem.OutcomeAcquired || res[1].Claim.Outcome != idem.OutcomeAcquired ||
+			res[2].Claim.Outcome != idem.OutcomeCompleted || res[3].Claim.Outcome != idem.OutcomeInProgress {
+			t.Fatalf("ClaimBatchTx = %+v, %v", res, err)
+		}
+		if err := s.CompleteTx(ctx, tx, []byte("b1"), res[0].Claim.Record.Token, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReleaseTx(ctx, tx, []byte("b2"), res[1].Claim.Record.Token, "later"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"b1", "b2"} {
+			if _, err := s.Get(ctx, []byte(k)); !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("%s after rollback: %v", k, err)
+			}
 		}
 	}
 	if _, err := s.ClaimTx(ctx, nil, claimReq("x")); !errors.Is(err, idem.ErrInvalidArgument) {
