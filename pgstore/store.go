@@ -471,10 +471,12 @@ func buildSQL(c Config, t string) tableSQL {
 	takeover := `r.key = EXCLUDED.key AND (r.expires_at <= ` + now + `
 	 OR ((r.state = 4 OR (r.state = 1 AND r.lease_until <= ` + now + `))
 	     AND (r.fingerprint = '' OR EXCLUDED.fingerprint = '' OR r.fingerprint = EXCLUDED.fingerprint)))`
+	// newToken draws a fresh token (see tokenScale).
+	newToken := `nextval('` + seq + `') * ` + tokenScaleSQL
 	// On takeover of an expired record everything restarts as for a new
 	// one. The token is drawn here, after the row lock is held, so it is
 	// larger than any token the row ever had.
-	set := `token = nextval('` + seq + `') * ` + tokenScaleSQL + `,
+	set := `token = ` + newToken + `,
 	state = 1,
 	attempts = CASE WHEN r.expires_at <= ` + now + ` THEN 1 ELSE r.attempts + 1 END,
 	fingerprint = CASE WHEN r.expires_at <= ` + now + ` OR r.fingerprint = '' THEN EXCLUDED.fingerprint ELSE r.fingerprint END,
@@ -491,7 +493,7 @@ func buildSQL(c Config, t string) tableSQL {
 	s.name = T
 	s.claim = `WITH ins AS (
 INSERT INTO ` + T + ` AS r (` + insCols + `)
-VALUES (` + kvals + `, ` + p(1) + `, 1, nextval('` + seq + `') * ` + tokenScaleSQL + `, coalesce(` + p(2) + `::bytea, ''), 1,
+VALUES (` + kvals + `, ` + p(1) + `, 1, ` + newToken + `, coalesce(` + p(2) + `::bytea, ''), 1,
 	` + now + ` + ` + p(3) + `::bigint` + us + `,
 	` + now + ` + greatest(` + p(3) + `::bigint, ` + p(4) + `::bigint)` + us + `,
 	` + now + `, ` + now + `, ` + p(4) + `::bigint)
@@ -524,7 +526,7 @@ SELECT ` + prefixCols("r", rowCols) + `, ` + now + `, false FROM ` + T + ` r WHE
 	s.batch = `WITH req AS (SELECT * FROM ` + unnest + ` AS q(` + reqCols + `)),
 ins AS (
 INSERT INTO ` + T + ` AS r (` + insCols + `)
-SELECT ` + selK + `, q.key, 1, nextval('` + seq + `') * ` + tokenScaleSQL + `, coalesce(q.fp, ''), 1,
+SELECT ` + selK + `, q.key, 1, ` + newToken + `, coalesce(q.fp, ''), 1,
 	` + now + ` + q.lease_us` + us + `,
 	` + now + ` + greatest(q.lease_us, q.ttl_us)` + us + `,
 	` + now + `, ` + now + `, q.ttl_us
