@@ -5,9 +5,18 @@
 #
 #   redisstore/bench.sh            # 3 rounds, medians and ratios at the end
 #   ROUNDS=5 redisstore/bench.sh
+#   IDEM_BENCH_GOMAXPROCS=2 redisstore/bench.sh   # the Go client on 2 Ps (default 1)
+#
+# The Go client runs with GOMAXPROCS=1 by default, as redis-benchmark runs
+# one thread: on a 2-core machine shared with the server, a second P costs
+# the client more (futex wake-ups, spinning threads) than it gains, and the
+# comparison is one client thread against one. docs/benchmarks/redisstore.md
+# has both settings side by side.
 #
 # For each caller count C in 1 8 64 and each round, back to back:
-#   redis-benchmark -c C -P 1  SET k x NX PX 60000   vs  Claim with NoCoalesce (single)
+#   redis-benchmark -c C -P 1  SET k x NX PX 60000   vs  Claim with NoCoalesce (single),
+#                                                          a bare go-redis SET NX PX (gosetnx: the
+#                                                          ceiling of a store on this client)
 #                                                      and Claim as configured by default
 #                                                          (coalesced; CoalesceInFlight 4,
 #                                                          or $IDEM_BENCH_INFLIGHT)
@@ -16,6 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 ROUNDS=${ROUNDS:-3}
+gmp=${IDEM_BENCH_GOMAXPROCS:-1}
 tmp=$(mktemp -d)
 port=""
 for _ in $(seq 50); do
@@ -43,12 +53,12 @@ rb() { # clients pipeline requests -> "rps p50ms p99ms"
 }
 ours() { # sub-benchmark count -> "claims/s p50µs p99µs"
   reset
-  IDEM_BENCH_REDIS="127.0.0.1:$port" "$tmp/redisstore.test" -test.run '^$' \
+  GOMAXPROCS="$gmp" IDEM_BENCH_REDIS="127.0.0.1:$port" "$tmp/redisstore.test" -test.run '^$' \
     -test.bench "^BenchmarkClaim/$1\$" -test.benchtime "${2}x" |
     awk '/claims\/s/ {for (i=1;i<=NF;i++) {if ($(i+1)=="claims/s") r=$i; if ($(i+1)=="p50-µs") a=$i; if ($(i+1)=="p99-µs") b=$i}; print r, a, b}'
 }
 
-echo "server: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port; $(nproc) CPUs; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "server: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port; $(nproc) CPUs; client GOMAXPROCS=$gmp; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-6s %-9s %3s | %12s %8s %8s | %12s %8s %8s | %6s\n' round mode C "SET NX/s" p50ms p99ms "claims/s" p50ms p99ms ratio
 res="$tmp/results"
 for r in $(seq "$ROUNDS"); do
@@ -61,6 +71,11 @@ for r in $(seq "$ROUNDS"); do
     echo "single $c $setus $(usec evalsha)" >>"$tmp/cpu"
     printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" single "$c" \
       "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
+    read -r gs gp50 gp99 < <(ours "gosetnx/callers=$c" "$n1")
+    echo "gosetnx $c $brps $gs" >>"$res"
+    echo "vsgosetnx $c $gs $(awk -v m=single -v c="$c" '$1==m && $2==c {v=$4} END {print v}' "$res")" >>"$res"
+    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" gosetnx "$c" \
+      "$brps" "$bp50" "$bp99" "$gs" "$(echo "$gp50/1000" | bc -l)" "$(echo "$gp99/1000" | bc -l)" "$(echo "100*$gs/$brps" | bc -l)"
     reset
     read -r ors op50 op99 < <(ours "coalesced/callers=$c" "$n1")
     echo "coalesced $c $brps $ors" >>"$res"
@@ -78,8 +93,9 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 echo
-echo "medians over $ROUNDS rounds (ratio = median of the per-round ratios; target single >= 80%, batch >= 50%)"
-for mode in single coalesced batch; do
+echo "medians over $ROUNDS rounds (ratio = median of the per-round ratios; target single >= 80%, batch >= 50%;"
+echo "gosetnx: a bare go-redis SET NX PX per call, the same harness, no claim; vsgosetnx: single Claim vs gosetnx)"
+for mode in single coalesced batch gosetnx vsgosetnx; do
   for c in 1 8 64; do
     awk -v m="$mode" -v c="$c" '$1==m && $2==c {print $3, $4, $4/$3}' "$res" >"$tmp/sel"
     med() { sort -g -k"$1" "$tmp/sel" | awk -v k="$1" '{v[NR]=$k} END {print v[int((NR+1)/2)]}'; }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +135,9 @@ func FuzzParseRecord(f *testing.F) {
 		"2|p|1764450000000123|1|1764450000000|60000|1764450000000|3600000|1764450000000|1764450000000|3600000|0|0|",
 		"2|c|1764450000000200|2|1764450000000|60000|1764450001000|3600000|1764450000000|1764450001000|3600000|4|3|fp-aerrresult\x00\xff",
 		"2|r|5|1|1|1|1|1|1|1|1|0|5|cause",
+		"3|p|1764450000000123|1|1764450000000|1764450000000|1764450000000|1764450000000|60000|3600000|3600000|0|0|",
+		"3|c|1764450000000200|2|1764450000000|1764450001000|1764450000000|1764450001000|60000|3600000|3600000|4|3|fp-aerrresult\x00\xff",
+		"4|p|1|1|1|1|1|1|1|1|1|0|0|",
 		"1|p|1|1|1|1|1|1|1|0|0|",
 		"2|p|1|1|1|1|1|1|1|1|1|9|9|short",
 		"2|x|1|1|1|1|1|1|1|1|1|0|0|",
@@ -153,6 +158,60 @@ func FuzzParseRecord(f *testing.F) {
 			t.Fatalf("fields longer than the value %q", v)
 		}
 	})
+}
+
+// TestRecordVersions pins both record formats to the same Record: version
+// 2 records written by earlier builds stay readable after an upgrade.
+func TestRecordVersions(t *testing.T) {
+	for _, tc := range []struct{ name, v2, v3 string }{
+		{"in progress",
+			"2|p|1764450000000123|1|1764450000000|60000|1764450000000|3600000|1764450000000|1764450000000|3600000|0|0|",
+			"3|p|1764450000000123|1|1764450000000|1764450000000|1764450000000|1764450000000|60000|3600000|3600000|0|0|"},
+		{"completed with fingerprint, error and result",
+			"2|c|1764450000000200|2|1764450000000|60000|1764450001000|7200000|1764449000000|1764450001000|3600000|4|3|fp-aerrresult\x00\xff",
+			"3|c|1764450000000200|2|1764450000000|1764450001000|1764449000000|1764450001000|60000|7200000|3600000|4|3|fp-aerrresult\x00\xff"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := parseRecord([]byte("k"), tc.v2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := parseRecord([]byte("k"), tc.v3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Fatalf("v2 %+v\nv3 %+v", a, b)
+			}
+		})
+	}
+}
+
+// TestFreshRecord checks that the record the client builds for a key the
+// claim script acquired fresh is the one parseRecord reads from what the
+// script wrote (its prefix plus claimArgs' tail).
+func TestFreshRecord(t *testing.T) {
+	for _, req := range []idem.ClaimRequest{
+		{Key: []byte("a"), Lease: time.Minute, TTL: time.Hour},
+		{Key: []byte("b"), Lease: 2 * time.Hour, TTL: time.Hour, Fingerprint: []byte("f|p\x00")},
+		{Key: []byte("c"), Lease: 1500 * time.Millisecond, TTL: 0},
+	} {
+		const tok, now = 1764450000000123, 1764450000000
+		args := claimArgs(nil, req)
+		tail, px := string(args[0].([]byte)), args[1].(int64)
+		ns := strconv.FormatInt(now, 10)
+		v := "3|p|" + strconv.FormatUint(tok, 10) + "|1|" + ns + "|" + ns + "|" + ns + "|" + ns + "|" + tail
+		want, err := parseRecord(req.Key, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := freshRecord(req, tok, now); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q:\nfresh  %+v\nparsed %+v", req.Key, got, want)
+		}
+		if want.ExpiresAt.UnixMilli()-now != px {
+			t.Fatalf("%q: px %d, record expires after %d", req.Key, px, want.ExpiresAt.UnixMilli()-now)
+		}
+	}
 }
 
 func TestVersionOK(t *testing.T) {

@@ -225,20 +225,24 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 				pipe := n.Pipeline()
 				cmds := make([]*redis.StringCmd, len(keys))
 				for i, k := range keys {
-					cmds[i] = pipe.GetRange(ctx, k, 0, 2) // "2|<state>"
+					cmds[i] = pipe.GetRange(ctx, k, 0, 2) // "<version>|<state>"
 				}
 				if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 					return st, mapErr(ctx, err, "stats", false)
 				}
 				for _, c := range cmds {
-					switch c.Val() {
-					case "2|p":
+					v := c.Val()
+					if len(v) != 3 || v[1] != '|' || v[0] != '2' && v[0] != '3' {
+						continue
+					}
+					switch v[2] {
+					case 'p':
 						st.InProgress++
-					case "2|c":
+					case 'c':
 						st.Completed++
-					case "2|f":
+					case 'f':
 						st.Failed++
-					case "2|r":
+					case 'r':
 						st.Released++
 					}
 				}

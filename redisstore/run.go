@@ -305,20 +305,31 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]erro
 	return errs, nil
 }
 
-// decodeClaims turns claimScript's flat reply (code, record per key) into
-// results for reqs.
+// decodeClaims turns claimScript's reply (token, now, then index, code,
+// record for each key that did not simply get a new record) into results
+// for reqs.
 func decodeClaims(cmd *redis.Cmd, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
 	v, err := cmd.Slice()
-	if err != nil || len(v) != 2*len(reqs) {
+	if err != nil || len(v) < 2 || (len(v)-2)%3 != 0 {
 		return nil, fmt.Errorf("redisstore: claim: unexpected reply %v: %v", v, err)
 	}
+	ts, _ := v[0].(string)
+	ns, _ := v[1].(string)
+	tok, err1 := strconv.ParseUint(ts, 10, 64)
+	now, err2 := strconv.ParseInt(ns, 10, 64)
+	if err1 != nil || err2 != nil || tok == 0 {
+		return nil, fmt.Errorf("redisstore: claim: unexpected reply header %v %v", v[0], v[1])
+	}
 	out := make([]idem.BatchResult, len(reqs))
-	for i := range reqs {
-		code, _ := v[2*i].(int64)
-		raw, ok := v[2*i+1].(string)
-		if !ok || code != 9 && (code < 1 || code > 4) {
-			return nil, fmt.Errorf("redisstore: claim: unexpected entry %v %v", v[2*i], v[2*i+1])
+	listed := make([]bool, len(reqs))
+	for e := v[2:]; len(e) > 0; e = e[3:] {
+		i, _ := e[0].(int64)
+		code, _ := e[1].(int64)
+		raw, ok := e[2].(string)
+		if !ok || i < 0 || i >= int64(len(reqs)) || listed[i] || code != 9 && (code < 1 || code > 4) {
+			return nil, fmt.Errorf("redisstore: claim: unexpected entry %v %v %v", e[0], e[1], e[2])
 		}
+		listed[i] = true
 		if code == 9 {
 			out[i].Err = fmt.Errorf("%w: key %q", idem.ErrFingerprintMismatch, trunc(reqs[i].Key))
 			continue
@@ -329,7 +340,34 @@ func decodeClaims(cmd *redis.Cmd, reqs []idem.ClaimRequest) ([]idem.BatchResult,
 		}
 		out[i].Claim = idem.Claim{Outcome: idem.Outcome(code), Record: rec}
 	}
+	for i, r := range reqs {
+		if !listed[i] {
+			out[i].Claim = idem.Claim{Outcome: idem.OutcomeAcquired, Record: freshRecord(r, tok, now)}
+		}
+	}
 	return out, nil
+}
+
+// freshRecord is the record claimScript wrote for r with token tok at now
+// (unix ms): the one parseRecord would return for it.
+func freshRecord(r idem.ClaimRequest, tok uint64, now int64) idem.Record {
+	lease, ttl := r.Lease.Milliseconds(), r.TTL.Milliseconds()
+	var fp []byte
+	if len(r.Fingerprint) > 0 {
+		fp = append([]byte(nil), r.Fingerprint...)
+	}
+	t := time.UnixMilli(now)
+	return idem.Record{
+		Key:         append([]byte(nil), r.Key...),
+		State:       idem.StateInProgress,
+		Token:       tok,
+		Fingerprint: fp,
+		Attempts:    1,
+		LeaseUntil:  time.UnixMilli(now + lease),
+		ExpiresAt:   time.UnixMilli(now + max(lease, ttl)),
+		CreatedAt:   t,
+		UpdatedAt:   t,
+	}
 }
 
 // parseRecord decodes the record format written by the scripts (see
@@ -347,11 +385,18 @@ func parseRecord(key []byte, v string) (idem.Record, error) {
 		}
 		f[i], rest = rest[:j], rest[j+1:]
 	}
-	if f[0] != "2" {
+	// Field positions by version: lb, ld, xb, xd, created, updated.
+	var pos [6]int
+	switch f[0] {
+	case "3":
+		pos = [6]int{4, 8, 5, 9, 6, 7}
+	case "2":
+		pos = [6]int{4, 5, 6, 7, 8, 9}
+	default:
 		return bad("version " + f[0])
 	}
-	// n[i] is field i: 2 token, 3 attempts, 4 lb, 5 ld, 6 xb, 7 xd,
-	// 8 created, 9 updated, 10 ttl, 11 len(f), 12 len(e).
+	// n[i] is field i: 2 token, 3 attempts, 4-9 times (pos), 10 ttl,
+	// 11 len(f), 12 len(e).
 	var n [13]int64
 	for i := 2; i < len(f); i++ {
 		x, err := strconv.ParseInt(f[i], 10, 64)
@@ -391,9 +436,9 @@ func parseRecord(key []byte, v string) (idem.Record, error) {
 		LastError:   rest[fl : fl+el],
 		Result:      bs(rest[fl+el:]),
 		Attempts:    int(n[3]),
-		LeaseUntil:  time.UnixMilli(n[4] + n[5]),
-		ExpiresAt:   time.UnixMilli(n[6] + n[7]),
-		CreatedAt:   time.UnixMilli(n[8]),
-		UpdatedAt:   time.UnixMilli(n[9]),
+		LeaseUntil:  time.UnixMilli(n[pos[0]] + n[pos[1]]),
+		ExpiresAt:   time.UnixMilli(n[pos[2]] + n[pos[3]]),
+		CreatedAt:   time.UnixMilli(n[pos[4]]),
+		UpdatedAt:   time.UnixMilli(n[pos[5]]),
 	}, nil
 }

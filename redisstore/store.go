@@ -196,10 +196,22 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	return res[0].Claim, res[0].Err
 }
 
-// claimArgs appends one key's ARGV of claimScript.
+// claimArgs appends one key's ARGV of claimScript: the tail of its new
+// record, "ld|xd|ttl|len(fp)|0|<fp>", and px = xd.
 func claimArgs(args []any, req idem.ClaimRequest) []any {
 	lease, ttl := req.Lease.Milliseconds(), req.TTL.Milliseconds()
-	return append(args, req.Fingerprint, len(req.Fingerprint), lease, ttl, max(lease, ttl))
+	px := max(lease, ttl)
+	b := make([]byte, 0, 48+len(req.Fingerprint))
+	b = strconv.AppendInt(b, lease, 10)
+	b = append(b, '|')
+	b = strconv.AppendInt(b, px, 10)
+	b = append(b, '|')
+	b = strconv.AppendInt(b, ttl, 10)
+	b = append(b, '|')
+	b = strconv.AppendInt(b, int64(len(req.Fingerprint)), 10)
+	b = append(b, "|0|"...)
+	b = append(b, req.Fingerprint...)
+	return append(args, b, px)
 }
 
 // Complete implements idem.Store.
