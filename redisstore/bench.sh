@@ -6,6 +6,8 @@
 #   redisstore/bench.sh            # 3 rounds, medians and ratios at the end
 #   ROUNDS=5 redisstore/bench.sh
 #   IDEM_BENCH_GOMAXPROCS=2 redisstore/bench.sh   # the Go client on 2 Ps (default 1)
+#   PIN=0 redisstore/bench.sh      # no CPU pinning (default: server CPU 0, clients CPU 1)
+#   KEEPLOG=1 redisstore/bench.sh  # print the server's log at the end
 #
 # The Go client runs with GOMAXPROCS=1 by default, as redis-benchmark runs
 # one thread: on a 2-core machine shared with the server, a second P costs
@@ -26,6 +28,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ROUNDS=${ROUNDS:-3}
 gmp=${IDEM_BENCH_GOMAXPROCS:-1}
+# PIN=1 (the default on 2 or more CPUs) puts the server on CPU 0 and every
+# client (redis-benchmark and ours) on CPU 1, so the scheduler does not move
+# them around: the per-round spread at 8 clients fell from 62-97% to
+# 79-103% (docs/benchmarks/redisstore.md). PIN=0 turns it off.
+PIN=${PIN:-$([ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null && echo 1 || echo 0)}
+srvpin=() clipin=()
+if [ "$PIN" = 1 ]; then srvpin=(taskset -c 0) clipin=(taskset -c 1); fi
 tmp=$(mktemp -d)
 port=""
 for _ in $(seq 50); do
@@ -33,10 +42,10 @@ for _ in $(seq 50); do
   if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then port=$p; break; fi
 done
 [ -n "$port" ] || { echo "no free port" >&2; exit 1; }
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+"${srvpin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --logfile "$tmp/redis.log" --dir "$tmp" &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; [ -n "${KEEPLOG:-}" ] && cat "$tmp/redis.log" >&2; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 go test -c -o "$tmp/redisstore.test" . >/dev/null
 
@@ -44,21 +53,25 @@ usec() { # command -> server µs per call since the last reset (INFO commandstat
   redis-cli -p "$port" info commandstats | tr -d '\r' |
     awk -F'[=,]' -v c="cmdstat_$1:" 'index($0, c) == 1 {print $6; f=1} END {if (!f) print 0}'
 }
-reset() { redis-cli -p "$port" config resetstat >/dev/null; }
+# Every measured step starts from an empty keyspace: without it each step
+# ran on the keys the step before it left (redis-benchmark's keys live for
+# PX 60000), so the dict was rehashing into a larger table while the
+# next step ran, which penalised whichever step came second.
+reset() { redis-cli -p "$port" flushall >/dev/null; redis-cli -p "$port" config resetstat >/dev/null; }
 rb() { # clients pipeline requests -> "rps p50ms p99ms"
   reset
-  redis-benchmark -p "$port" -c "$1" -P "$2" -n "$3" -r 100000000 --csv \
+  "${clipin[@]}" redis-benchmark -p "$port" -c "$1" -P "$2" -n "$3" -r 100000000 --csv \
     SET 'idembench:__rand_int__' x NX PX 60000 |
     awk -F'","' 'NR==2 {print $2, $5, $7}'
 }
 ours() { # sub-benchmark count -> "claims/s p50µs p99µs"
   reset
-  GOMAXPROCS="$gmp" IDEM_BENCH_REDIS="127.0.0.1:$port" "$tmp/redisstore.test" -test.run '^$' \
+  GOMAXPROCS="$gmp" IDEM_BENCH_REDIS="127.0.0.1:$port" "${clipin[@]}" "$tmp/redisstore.test" -test.run '^$' \
     -test.bench "^BenchmarkClaim/$1\$" -test.benchtime "${2}x" |
     awk '/claims\/s/ {for (i=1;i<=NF;i++) {if ($(i+1)=="claims/s") r=$i; if ($(i+1)=="p50-µs") a=$i; if ($(i+1)=="p99-µs") b=$i}; print r, a, b}'
 }
 
-echo "server: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port; $(nproc) CPUs; client GOMAXPROCS=$gmp; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "server: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port; $(nproc) CPUs; client GOMAXPROCS=$gmp; PIN=$PIN; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-6s %-9s %3s | %12s %8s %8s | %12s %8s %8s | %6s\n' round mode C "SET NX/s" p50ms p99ms "claims/s" p50ms p99ms ratio
 res="$tmp/results"
 for r in $(seq "$ROUNDS"); do
