@@ -17,9 +17,10 @@ import (
 
 // keyQueue holds the batch entries for one key, in request order. rec is
 // the record as it stood after the last settled entry (nil: ask the server);
-// got is what the last runBatch read for the key (nil: nothing).
+// got is what the last runBatch read for the key (nil: nothing). ref points
+// into the batch's refs slice, which is not grown after the queues exist.
 type keyQueue struct {
-	ref  keyRef
+	ref  *keyRef
 	idxs []int
 	pos  int
 	rec  *row
@@ -105,7 +106,7 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		}
 		idxBuf[j] = int(o.req)
 		// Full capacity: a repeated key's append copies, the rest share idxBuf.
-		slab = append(slab, keyQueue{ref: refs[o.ref], idxs: idxBuf[j : j+1 : j+1]})
+		slab = append(slab, keyQueue{ref: &refs[o.ref], idxs: idxBuf[j : j+1 : j+1]})
 	}
 	queues := make([]*keyQueue, len(slab))
 	for j := range slab {
@@ -143,7 +144,7 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		if round >= maxSettle {
 			return nil, s.batchErr(ctx, errSettle, applied)
 		}
-		wrote, err := s.runBatch(ctx, q, reqs, send, round == 0)
+		wrote, err := s.runBatch(ctx, q, reqs, out, send, round == 0)
 		applied = applied || wrote
 		if err != nil {
 			if !inTx && s.retryable(ctx, err) {
@@ -160,7 +161,9 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		for _, kq := range send {
 			r := kq.got
 			if r == nil {
-				continue // inserted by someone after our snapshot: ask again
+				// Settled by runBatch's insert (kq.pos moved on), or
+				// inserted by someone after our snapshot: ask again.
+				continue
 			}
 			i := kq.idxs[kq.pos]
 			c, err := classify(*r, reqs[i])
@@ -214,9 +217,12 @@ func spans(send []*keyQueue) []span {
 // runBatch claims one entry of each queue in send (sorted by index key) and
 // sets each queue's got. With fast (the first round), it first runs the
 // insert-only statement and sends only the keys that conflicted to the
-// takeover statement. wrote reports whether a statement may have taken
-// effect.
-func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, send []*keyQueue, fast bool) (wrote bool, err error) {
+// takeover statement. The keys the insert-only statement inserted are
+// settled here, into out (their queues move on, got stays nil), once that
+// statement has succeeded; so a failure of the takeover statement after it
+// does not make them look taken by someone else when the batch is retried.
+// wrote reports whether a statement may have taken effect.
+func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimRequest, out []idem.BatchResult, send []*keyQueue, fast bool) (wrote bool, err error) {
 	for _, kq := range send {
 		kq.got = nil
 	}
@@ -224,7 +230,15 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 	rest := send
 	if fast {
 		args, uniform := s.batchArgs(reqs, send, sp, true)
-		got := make([]row, len(send))
+		// What the insert returned, per entry of send: the token (-1: no
+		// row came back, the key had one) and the statement time. Nothing
+		// is settled until the whole pipeline has succeeded: an error means
+		// none of it took effect.
+		toks := make([]int64, len(send))
+		for j := range toks {
+			toks[j] = -1
+		}
+		nows := make([]time.Time, len(sp))
 		n := 0
 		err := s.pipeline(ctx, q, sp, args, func(j int) string {
 			if uniform {
@@ -249,6 +263,10 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 					if err := rows.Scan(&tok, &now); err != nil {
 						return err
 					}
+					if nowRaw != nil && !now.Equal(nows[j]) {
+						return fmt.Errorf("pgstore: batch insert returned two statement times")
+					}
+					nows[j] = now
 					if len(raw) == 2 {
 						nowRaw = bytes.Clone(raw[1])
 					}
@@ -257,20 +275,10 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 				if base < 0 {
 					base = tok / tokenScale
 				}
-				if tok/tokenScale != base || lo+k >= hi || send[lo+k].got != nil {
+				if tok < 0 || tok/tokenScale != base || lo+k >= hi || toks[lo+k] >= 0 {
 					return fmt.Errorf("pgstore: batch insert returned an unexpected token %d", tok)
 				}
-				kq := send[lo+k]
-				req := &reqs[kq.idxs[kq.pos]]
-				r := &got[lo+k]
-				*r = row{hash: kq.ref.hash, key: req.Key, state: stInProgress, token: tok, attempts: 1,
-					lease:   now.Add(time.Duration(req.Lease.Microseconds()) * time.Microsecond),
-					expires: now.Add(time.Duration(max(req.Lease.Microseconds(), req.TTL.Microseconds())) * time.Microsecond),
-					created: now, updated: now, ttlUS: req.TTL.Microseconds(), now: now, acquired: true}
-				if len(req.Fingerprint) > 0 {
-					r.fp = bytes.Clone(req.Fingerprint)
-				}
-				kq.got = r
+				toks[lo+k] = tok
 				n++
 			}
 			return rows.Err()
@@ -278,13 +286,48 @@ func (s *Store) runBatch(ctx context.Context, q querier, reqs []idem.ClaimReques
 		if err != nil {
 			return false, err // one implicit transaction: nothing applied
 		}
+		// The statement succeeded: the inserted keys are acquired, settled
+		// here as the caller's loop would settle them. A queue with more
+		// entries keeps the record as rec (held now), and its later
+		// entries are settled against it in Go; a queue of one entry needs
+		// no row at all.
+		var got []row
+		for j, g := range sp {
+			now := nows[j]
+			for x := g.lo; x < g.hi; x++ {
+				tok := toks[x]
+				if tok < 0 {
+					continue
+				}
+				kq := send[x]
+				i := kq.idxs[kq.pos]
+				req := &reqs[i]
+				r := row{hash: kq.ref.hash, key: req.Key, state: stInProgress, token: tok, attempts: 1,
+					lease:   now.Add(time.Duration(req.Lease.Microseconds()) * time.Microsecond),
+					expires: now.Add(time.Duration(max(req.Lease.Microseconds(), req.TTL.Microseconds())) * time.Microsecond),
+					created: now, updated: now, ttlUS: req.TTL.Microseconds(), now: now, acquired: true}
+				if len(req.Fingerprint) > 0 {
+					r.fp = bytes.Clone(req.Fingerprint)
+				}
+				out[i] = idem.BatchResult{Claim: idem.Claim{Outcome: idem.OutcomeAcquired, Record: r.record()}}
+				kq.pos++ // settled: kq.got stays nil, so the caller's loop skips it
+				if kq.pos < len(kq.idxs) {
+					if got == nil {
+						got = make([]row, 0, len(send)) // never grown: pointers stay valid
+					}
+					r.acquired = false // later entries see it as held
+					got = append(got, r)
+					kq.rec = &got[len(got)-1]
+				}
+			}
+		}
 		if n == len(send) {
 			return true, nil
 		}
 		// The keys that already had a row go to the takeover statement.
 		rest = make([]*keyQueue, 0, len(send)-n)
-		for _, kq := range send {
-			if kq.got == nil {
+		for x, kq := range send {
+			if toks[x] < 0 {
 				rest = append(rest, kq)
 			}
 		}

@@ -10,6 +10,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -21,12 +22,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -47,6 +50,7 @@ type opts struct {
 	seedMax  int
 	keep     bool
 	rounds   int
+	procs    []int // GOMAXPROCS settings taking turns round by round (0: leave as is)
 }
 
 func main() {
@@ -71,7 +75,7 @@ func splitList(s string) []string {
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("pgbench-idem", flag.ContinueOnError)
 	var o opts
-	var layouts, callers, modes string
+	var layouts, callers, modes, procs string
 	fs.StringVar(&o.dsn, "dsn", envOr("PGSTORE_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	fs.Int64Var(&o.rows, "rows", 100_000, "rows bulk-filled into each table before measuring")
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measuring time per cell")
@@ -83,7 +87,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&o.seedMax, "seed-callers", 8, "at most this many callers for the seed approach (each call scans the table)")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds per cell; modes alternate round by round")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema (default: drop it)")
+	fs.StringVar(&procs, "procs", "0", "GOMAXPROCS settings for this client, e.g. 2,1: every mode runs under each in turn, round by round, in the same run (0: leave as set by the GOMAXPROCS env var or the runtime)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process (the client side) here")
+	memprofile := fs.String("memprofile", "", "write an allocation profile of this process (the client side) here at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -98,6 +104,19 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *memprofile != "" {
+		defer func() {
+			f, err := os.Create(*memprofile)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "memprofile:", err)
+				return
+			}
+			defer f.Close()
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				fmt.Fprintln(os.Stderr, "memprofile:", err)
+			}
+		}()
+	}
 	o.layouts, o.modes = splitList(layouts), splitList(modes)
 	maxCallers := 1
 	for _, c := range splitList(callers) {
@@ -107,6 +126,16 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		o.callers = append(o.callers, n)
 		maxCallers = max(maxCallers, n)
+	}
+	for _, p := range splitList(procs) {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			return fmt.Errorf("bad -procs %q", procs)
+		}
+		o.procs = append(o.procs, n)
+	}
+	if len(o.procs) == 0 {
+		o.procs = []int{0}
 	}
 	pcfg, err := pgxpool.ParseConfig(o.dsn)
 	if err != nil {
@@ -128,8 +157,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	schema := "pgbench_idem_" + hex.EncodeToString(b[:])
-	fmt.Fprintf(out, "# pgbench-idem %s\n# %s\n# synchronous_commit=%s rows=%d duration=%s batch=%d callers=%v schema=%s\n\n",
-		time.Now().UTC().Format(time.RFC3339), ver, sc, o.rows, o.duration, o.batch, o.callers, schema)
+	fmt.Fprintf(out, "# pgbench-idem %s\n# %s\n# synchronous_commit=%s rows=%d duration=%s batch=%d callers=%v schema=%s\n# client: NumCPU=%d GOMAXPROCS=%d (env %q) -procs %v\n\n",
+		time.Now().UTC().Format(time.RFC3339), ver, sc, o.rows, o.duration, o.batch, o.callers, schema,
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), os.Getenv("GOMAXPROCS"), o.procs)
 	if !o.keep {
 		defer dropSchema(pool, schema)
 	}
@@ -181,7 +211,17 @@ func envOr(k, d string) string {
 type result struct {
 	claims int64
 	secs   float64
+	cpu    time.Duration   // this process's user+system CPU while measuring
 	lat    []time.Duration // per call (a whole batch for batch/raw)
+}
+
+// cpuTime is this process's user+system CPU so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (r result) rate() float64 { return float64(r.claims) / r.secs }
@@ -204,6 +244,7 @@ func measure(ctx context.Context, callers int, d time.Duration, op func(ctx cont
 	var wg sync.WaitGroup
 	lats := make([][]time.Duration, callers)
 	errs := make([]error, callers)
+	cpu0 := cpuTime()
 	start := time.Now()
 	deadline := start.Add(d)
 	for c := range callers {
@@ -225,7 +266,7 @@ func measure(ctx context.Context, callers int, d time.Duration, op func(ctx cont
 		}()
 	}
 	wg.Wait()
-	r := result{claims: total.Load(), secs: time.Since(start).Seconds()}
+	r := result{claims: total.Load(), secs: time.Since(start).Seconds(), cpu: cpuTime() - cpu0}
 	for _, l := range lats {
 		r.lat = append(r.lat, l...)
 	}
@@ -293,39 +334,61 @@ func benchLayout(ctx context.Context, pool *pgxpool.Pool, schema string, l pgsto
 	for _, callers := range o.callers {
 		// The modes take turns in short rounds, so drift (table growth,
 		// checkpoints, other load on the machine) hits them alike.
-		res := map[string]*result{}
+		// With several -procs, each round runs every mode under each
+		// GOMAXPROCS setting in turn, so the settings are compared side by
+		// side like the modes.
+		type cell struct {
+			procs int
+			mode  string
+		}
+		res := map[cell]*result{}
+		initProcs := runtime.GOMAXPROCS(0)
 		for round := 0; round < o.rounds; round++ {
+			for _, p := range o.procs {
+				runtime.GOMAXPROCS(cmp.Or(p, initProcs))
+				for _, mode := range modes {
+					keys := keyGen(timed, fmt.Sprintf("%s-%s-%d-%d-p%d", runID, mode, callers, round, p)) // fresh keys per cell
+					rw := raw
+					if v := rawVariants[mode]; v != nil {
+						rw = v
+					}
+					op := benchOp(mode, store, pool, rw, keys, o.batch)
+					r, err := measure(ctx, callers, o.duration/time.Duration(o.rounds), op)
+					if err != nil {
+						return fmt.Errorf("%s x%d: %w", mode, callers, err)
+					}
+					c := cell{p, mode}
+					if res[c] == nil {
+						res[c] = &result{}
+					}
+					res[c].claims += r.claims
+					res[c].secs += r.secs
+					res[c].cpu += r.cpu
+					res[c].lat = append(res[c].lat, r.lat...)
+				}
+			}
+		}
+		for _, p := range o.procs {
 			for _, mode := range modes {
-				keys := keyGen(timed, fmt.Sprintf("%s-%s-%d-%d", runID, mode, callers, round)) // fresh keys per cell
-				rw := raw
-				if v := rawVariants[mode]; v != nil {
-					rw = v
+				r := res[cell{p, mode}]
+				ratio := "-"
+				base := res[cell{p, "raw"}]
+				if mode == "single" || mode == "raw1" {
+					base = res[cell{p, "raw1"}] // a single claim beside a single-row insert
 				}
-				op := benchOp(mode, store, pool, rw, keys, o.batch)
-				r, err := measure(ctx, callers, o.duration/time.Duration(o.rounds), op)
-				if err != nil {
-					return fmt.Errorf("%s x%d: %w", mode, callers, err)
+				if rr := base; rr != nil && mode != "raw" && mode != "raw1" {
+					ratio = fmt.Sprintf("%.0f%%", 100*r.rate()/rr.rate())
 				}
-				if res[mode] == nil {
-					res[mode] = &result{}
+				name := modeName(mode, o.batch)
+				if len(o.procs) > 1 || p > 0 {
+					name += fmt.Sprintf(" [GOMAXPROCS=%d]", p)
 				}
-				res[mode].claims += r.claims
-				res[mode].secs += r.secs
-				res[mode].lat = append(res[mode].lat, r.lat...)
+				fmt.Fprintf(out, "| %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", l, name, callers, r.rate(), r.pct(0.50), r.pct(0.99), ratio)
+				fmt.Fprintf(os.Stderr, "client cpu: %s %s x%d procs=%d: %.2f µs/claim, %.0f%% of one core\n", l, mode, callers, p,
+					float64(r.cpu.Microseconds())/float64(max(r.claims, 1)), 100*r.cpu.Seconds()/r.secs)
 			}
 		}
-		for _, mode := range modes {
-			r := res[mode]
-			ratio := "-"
-			base := res["raw"]
-			if mode == "single" || mode == "raw1" {
-				base = res["raw1"] // a single claim beside a single-row insert
-			}
-			if rr := base; rr != nil && mode != "raw" && mode != "raw1" {
-				ratio = fmt.Sprintf("%.0f%%", 100*r.rate()/rr.rate())
-			}
-			fmt.Fprintf(out, "| %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", l, modeName(mode, o.batch), callers, r.rate(), r.pct(0.50), r.pct(0.99), ratio)
-		}
+		runtime.GOMAXPROCS(initProcs)
 	}
 	var size string
 	if err := pool.QueryRow(ctx, `SELECT pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
