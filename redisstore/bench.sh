@@ -72,6 +72,10 @@ ours() { # sub-benchmark count -> "claims/s p50µs p99µs"
 }
 
 echo "server: redis-server $(redis-server --version | awk '{print $3}') on 127.0.0.1:$port; $(nproc) CPUs; client GOMAXPROCS=$gmp; PIN=$PIN; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+row() { # mode claims/s p50µs p99µs, beside this step's baseline (brps bp50 bp99)
+  printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" "$1" "$c" \
+    "$brps" "$bp50" "$bp99" "$2" "$(echo "$3/1000" | bc -l)" "$(echo "$4/1000" | bc -l)" "$(echo "100*$2/$brps" | bc -l)"
+}
 printf '%-6s %-9s %3s | %12s %8s %8s | %12s %8s %8s | %6s\n' round mode C "SET NX/s" p50ms p99ms "claims/s" p50ms p99ms ratio
 res="$tmp/results"
 for r in $(seq "$ROUNDS"); do
@@ -82,27 +86,22 @@ for r in $(seq "$ROUNDS"); do
     read -r ors op50 op99 < <(ours "single/callers=$c" "$n1")
     echo "single $c $brps $ors" >>"$res"
     echo "single $c $setus $(usec evalsha)" >>"$tmp/cpu"
-    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" single "$c" \
-      "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
+    row single "$ors" "$op50" "$op99"
     read -r gs gp50 gp99 < <(ours "gosetnx/callers=$c" "$n1")
     echo "gosetnx $c $brps $gs" >>"$res"
-    echo "vsgosetnx $c $gs $(awk -v m=single -v c="$c" '$1==m && $2==c {v=$4} END {print v}' "$res")" >>"$res"
-    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" gosetnx "$c" \
-      "$brps" "$bp50" "$bp99" "$gs" "$(echo "$gp50/1000" | bc -l)" "$(echo "$gp99/1000" | bc -l)" "$(echo "100*$gs/$brps" | bc -l)"
-    reset
+    echo "vsgosetnx $c $gs $ors" >>"$res" # $ors: this round's single claims
+    row gosetnx "$gs" "$gp50" "$gp99"
     read -r ors op50 op99 < <(ours "coalesced/callers=$c" "$n1")
     echo "coalesced $c $brps $ors" >>"$res"
     echo "coalesced $c $setus $(usec evalsha)" >>"$tmp/cpu"
-    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" coalesced "$c" \
-      "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
+    row coalesced "$ors" "$op50" "$op99"
     n2=$((c == 1 ? 200000 : 400000))
     read -r brps bp50 bp99 < <(rb "$c" 64 "$n2")
     setus=$(usec set)
     read -r ors op50 op99 < <(ours "batch64/callers=$c" "$n2")
     echo "batch $c $brps $ors" >>"$res"
     echo "batch $c $setus $(echo "$(usec evalsha)/64" | bc -l)" >>"$tmp/cpu"
-    printf '%-6s %-9s %3s | %12.0f %8.3f %8.3f | %12.0f %8.3f %8.3f | %5.0f%%\n' "$r" batch64 "$c" \
-      "$brps" "$bp50" "$bp99" "$ors" "$(echo "$op50/1000" | bc -l)" "$(echo "$op99/1000" | bc -l)" "$(echo "100*$ors/$brps" | bc -l)"
+    row batch64 "$ors" "$op50" "$op99"
   done
 done
 echo
