@@ -75,3 +75,13 @@ type Subscriber interface {
 	RedeliveryWindow() time.Duration
 	Close() error
 }
+
+// DeliveryLimiter is an optional Subscriber capability: the broker stops
+// delivering a message after MaxDeliveries deliveries (0: no limit), and
+// does so silently (JetStream's MaxDeliver): a message nak'ed or left
+// unsettled on its last delivery is never seen again. The consumer runtime
+// therefore never hands a message on its last delivery
+// (Message.Delivery >= MaxDeliveries) back to the broker: it keeps it and
+// retries in process, and dead-letters it if it must let go (shutdown).
+// MaxDeliveries must not change during the subscriber's life.
+type DeliveryLimiter interface{ MaxDeliveries() int }

@@ -21,6 +21,9 @@ type Config struct {
 	// AckWait: a delivery not settled within it is redelivered. Default 30s.
 	AckWait time.Duration
 	// MaxDeliver bounds deliveries per message and group (0: unbounded).
+	// Like JetStream, a message nak'ed or left unsettled on its last
+	// delivery is silently never delivered again (see Exhausted); the
+	// subscriber reports the limit through broker.DeliveryLimiter.
 	MaxDeliver int
 }
 
@@ -95,6 +98,35 @@ func (t *topic) group(name string) *group {
 func (g *group) signal() {
 	close(g.wake)
 	g.wake = make(chan struct{})
+}
+
+// Exhausted returns the ids of topic's messages that group will never
+// receive again although nobody settled them: their last delivery under
+// MaxDeliver was nak'ed or its ack wait expired. A consumer that loses no
+// message leaves this empty.
+func (b *Broker) Exhausted(topicName, groupName string) []string {
+	if b.cfg.MaxDeliver <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.topics[topicName]
+	if t == nil || t.groups[groupName] == nil {
+		return nil
+	}
+	now := time.Now()
+	var idx []int
+	for _, e := range t.groups[groupName].entries {
+		if e.delivery >= b.cfg.MaxDeliver && (!e.inflight || !e.due.After(now)) {
+			idx = append(idx, e.idx)
+		}
+	}
+	slices.Sort(idx)
+	ids := make([]string, len(idx))
+	for i, x := range idx {
+		ids[i] = t.log[x].ID
+	}
+	return ids
 }
 
 // Published returns a copy of every message published to topic, in order.
@@ -196,6 +228,9 @@ func (s *Subscriber) RedeliveryWindow() time.Duration {
 	}
 	return s.b.cfg.AckWait
 }
+
+// MaxDeliveries is Config.MaxDeliver (broker.DeliveryLimiter).
+func (s *Subscriber) MaxDeliveries() int { return s.b.cfg.MaxDeliver }
 
 // Fetch returns up to max deliveries, blocking until one is ready.
 func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, error) {
@@ -351,5 +386,6 @@ func (a *acker) InProgress(ctx context.Context) error {
 
 var (
 	_ broker.Publisher  = (*Publisher)(nil)
-	_ broker.Subscriber = (*Subscriber)(nil)
+	_ broker.Subscriber      = (*Subscriber)(nil)
+	_ broker.DeliveryLimiter = (*Subscriber)(nil)
 )

@@ -39,9 +39,18 @@ func TestAckWaitRedeliveryAndMaxDeliver(t *testing.T) {
 	if got := fetch(t, s, time.Second); len(got) != 1 || got[0].Delivery != 2 {
 		t.Fatalf("redelivery: %v", got)
 	}
+	if ex := b.Exhausted("t", "g"); len(ex) != 0 {
+		t.Fatalf("exhausted while its last delivery is in flight: %v", ex)
+	}
 	// MaxDeliver reached: never again.
 	if got := fetch(t, s, 100*time.Millisecond); len(got) != 0 {
 		t.Fatalf("delivered past MaxDeliver: %v", got)
+	}
+	if ex := b.Exhausted("t", "g"); len(ex) != 1 || ex[0] != "a" {
+		t.Fatalf("Exhausted = %v, want [a]", ex)
+	}
+	if n := s.MaxDeliveries(); n != 2 {
+		t.Fatalf("MaxDeliveries = %d", n)
 	}
 	if w := s.RedeliveryWindow(); w != 40*time.Millisecond {
 		t.Fatalf("RedeliveryWindow = %s", w)
