@@ -31,5 +31,5 @@
 // ErrFingerprintMismatch, ErrFenced, ErrNotFound, ErrUnavailable,
 // ErrUnknownOutcome, ErrUnrecorded, ErrInvalidKey, ErrInvalidArgument.
 // The guard fails closed when the store is down; WithFailOpen lets handlers
-// run unrecorded and reports each such pass to FailOpenHook.
+// run unrecorded and reports each such pass to Hooks.OnFailOpen.
 package idem

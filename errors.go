@@ -47,6 +47,14 @@ var (
 	// not be recorded after retries. The message may be acked (the effect is
 	// done), but a redelivery after the lease ends would run it again.
 	ErrUnrecorded = errors.New("idem: effect done but completion not recorded")
+	// ErrResultTooLarge: the handler's effect ran but its result is longer
+	// than MaxResultLen, so it cannot be recorded. The guard marks the key
+	// failed (terminal, the record's LastError says why) instead of
+	// releasing it, so the effect never runs again; duplicates get
+	// ErrFailed. The effect is done: ack the message (or dead-letter it for
+	// a person to look at), do not retry it. Keep results small (an id, a
+	// status) and the bulk in the effect's own store.
+	ErrResultTooLarge = errors.New("idem: result too large to record")
 	// ErrLeaseLost: the heartbeat found the claim taken over or gone; the
 	// handler's context is cancelled with this cause.
 	ErrLeaseLost = errors.New("idem: lease lost")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -116,4 +118,43 @@ func ExampleGuard_AcquireBatch() {
 	// m1: applied
 	// m2: applied
 	// m1: true
+}
+
+// Hooks plug metrics in; a field left nil is skipped, and a misspelled one
+// does not compile.
+func ExampleHooks() {
+	store, _ := memstore.New(memstore.Config{})
+	defer store.Close()
+	var claims, replays int
+	guard, _ := idem.NewGuard(store, idem.WithHooks(idem.Hooks{
+		OnClaim: func(ctx context.Context, e idem.ClaimEvent) {
+			claims++
+			if e.Outcome == idem.OutcomeCompleted {
+				replays++
+			}
+		},
+		OnUnrecorded: func(ctx context.Context, e idem.UnrecordedEvent) {
+			fmt.Println("completion", e.Phase, "for", string(e.Key))
+		},
+	}))
+	defer guard.Close()
+	for i := 0; i < 3; i++ {
+		guard.Do(context.Background(), []byte("order-7"), func(ctx context.Context) ([]byte, error) { return nil, nil })
+	}
+	fmt.Println(claims, "claims,", replays, "replays")
+	// Output:
+	// 3 claims, 2 replays
+}
+
+// A handler whose effect talks to a database sees that database's errors;
+// classify them so an outage is retried instead of counted as a failure.
+func ExampleClassifyError() {
+	_, err := net.Dial("tcp", "127.0.0.1:1") // nothing listens there
+	err = idem.ClassifyError(err)
+	fmt.Println(errors.Is(err, idem.ErrUnavailable), errors.Is(err, idem.ErrUnknownOutcome))
+	err = idem.ClassifyError(fmt.Errorf("reading reply: %w", io.ErrUnexpectedEOF))
+	fmt.Println(errors.Is(err, idem.ErrUnavailable), errors.Is(err, idem.ErrUnknownOutcome))
+	// Output:
+	// true false
+	// false true
 }

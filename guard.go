@@ -217,14 +217,14 @@ func (g *Guard) onClaim(ctx context.Context, req ClaimRequest, c Claim, err erro
 	}
 	e := ClaimEvent{Key: req.Key, Outcome: c.Outcome, Attempts: c.Record.Attempts, Err: err, Duration: g.cfg.clock.Now().Sub(start)}
 	for _, h := range g.hooks.claim {
-		h.OnClaim(ctx, e)
+		h(ctx, e)
 	}
 }
 
 func (g *Guard) openPass(ctx context.Context, key []byte, err error) Acquisition {
 	g.log.Warn("idem: store failed; fail-open lets the handler run without a record", "key", string(truncKey(key)), "err", err)
 	for _, h := range g.hooks.failOpen {
-		h.OnFailOpen(ctx, key, err)
+		h(ctx, key, err)
 	}
 	return Acquisition{Held: &Held{g: g, key: key, open: true}, Result: Result{FailedOpen: true}}
 }
@@ -346,7 +346,7 @@ func (h *Held) markLost(ctx context.Context, err error) {
 	h.mu.Unlock()
 	h.g.log.Warn("idem: claim lost while held (lease expired and taken over, or deleted)", "key", string(truncKey(h.key)), "token", h.token, "err", err)
 	for _, hk := range h.g.hooks.lost {
-		hk.OnLeaseLost(ctx, h.key, h.token, err)
+		hk(ctx, h.key, h.token, err)
 	}
 	if cancel != nil {
 		cancel(h.lostErr)
@@ -546,7 +546,7 @@ func (h *Held) onSettle(ctx context.Context, a SettleAction, err error, start ti
 		e.Held = now.Sub(h.start)
 	}
 	for _, hk := range h.g.hooks.settle {
-		hk.OnSettle(ctx, e)
+		hk(ctx, e)
 	}
 }
 

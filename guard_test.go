@@ -29,6 +29,7 @@ func newGuard(t testing.TB, s idem.Store, opts ...idem.Option) *idem.Guard {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { g.Close() })
 	return g
 }
 
@@ -171,7 +172,7 @@ func TestFailClosedAndFailOpen(t *testing.T) {
 		t.Fatalf("fail closed: err = %v, ran = %v", err, ran)
 	}
 	var opened countHook
-	r, err := newGuard(t, fs, idem.WithFailOpen(true), idem.WithHooks(&opened)).Do(ctx, []byte("k"), fn)
+	r, err := newGuard(t, fs, idem.WithFailOpen(true), idem.WithHooks(opened.hooks())).Do(ctx, []byte("k"), fn)
 	if err != nil || !r.FailedOpen || !ran || opened.failOpen.Load() != 1 {
 		t.Fatalf("fail open: %+v, %v, ran=%v, hook=%d", r, err, ran, opened.failOpen.Load())
 	}
@@ -182,26 +183,37 @@ type countHook struct {
 	mu                              sync.Mutex
 	outcomes                        []idem.Outcome
 	actions                         []idem.SettleAction
+	unrecorded                      []idem.UnrecordedEvent
 }
 
-func (h *countHook) OnClaim(_ context.Context, e idem.ClaimEvent) {
-	h.claims.Add(1)
-	h.mu.Lock()
-	h.outcomes = append(h.outcomes, e.Outcome)
-	h.mu.Unlock()
+// hooks returns the Hooks that feed h.
+func (h *countHook) hooks() idem.Hooks {
+	return idem.Hooks{
+		OnClaim: func(_ context.Context, e idem.ClaimEvent) {
+			h.claims.Add(1)
+			h.mu.Lock()
+			h.outcomes = append(h.outcomes, e.Outcome)
+			h.mu.Unlock()
+		},
+		OnSettle: func(_ context.Context, e idem.SettleEvent) {
+			h.settles.Add(1)
+			h.mu.Lock()
+			h.actions = append(h.actions, e.Action)
+			h.mu.Unlock()
+		},
+		OnFailOpen:  func(context.Context, []byte, error) { h.failOpen.Add(1) },
+		OnLeaseLost: func(context.Context, []byte, uint64, error) { h.lost.Add(1) },
+		OnUnrecorded: func(_ context.Context, e idem.UnrecordedEvent) {
+			h.mu.Lock()
+			h.unrecorded = append(h.unrecorded, e)
+			h.mu.Unlock()
+		},
+	}
 }
-func (h *countHook) OnSettle(_ context.Context, e idem.SettleEvent) {
-	h.settles.Add(1)
-	h.mu.Lock()
-	h.actions = append(h.actions, e.Action)
-	h.mu.Unlock()
-}
-func (h *countHook) OnFailOpen(context.Context, []byte, error)          { h.failOpen.Add(1) }
-func (h *countHook) OnLeaseLost(context.Context, []byte, uint64, error) { h.lost.Add(1) }
 
 func TestHooks(t *testing.T) {
 	var h countHook
-	g := newGuard(t, newMem(t), idem.WithHooks(&h))
+	g := newGuard(t, newMem(t), idem.WithHooks(h.hooks()))
 	g.Do(ctx, []byte("a"), func(context.Context) ([]byte, error) { return nil, nil })
 	g.Do(ctx, []byte("a"), func(context.Context) ([]byte, error) { return nil, nil })
 	g.Do(ctx, []byte("b"), func(context.Context) ([]byte, error) { return nil, errors.New("x") })
@@ -248,7 +260,7 @@ func TestHeartbeatKeepsLease(t *testing.T) {
 func TestLeaseLostCancelsHandler(t *testing.T) {
 	s := newMem(t)
 	var hook countHook
-	g := newGuard(t, s, idem.WithLease(60*time.Millisecond), idem.WithHooks(&hook))
+	g := newGuard(t, s, idem.WithLease(60*time.Millisecond), idem.WithHooks(hook.hooks()))
 	var cause error
 	_, err := g.Do(ctx, []byte("k"), func(ctx context.Context) ([]byte, error) {
 		if tok, ok := idem.TokenFromContext(ctx); !ok || tok == 0 {
@@ -478,5 +490,19 @@ func TestCompleteBatch(t *testing.T) {
 	}
 	if errs := g.CompleteBatch(ctx, hs, nil); errs[0] != nil {
 		t.Fatal(errs[0])
+	}
+}
+
+// Several Hooks values all see each event; nil fields are skipped.
+func TestHooksSeveralAndNilFields(t *testing.T) {
+	var a, b countHook
+	only := a.hooks()
+	only.OnSettle = nil // a is told about claims only
+	g := newGuard(t, newMem(t), idem.WithHooks(only), idem.WithHooks(b.hooks(), idem.Hooks{}))
+	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if a.claims.Load() != 1 || b.claims.Load() != 1 || a.settles.Load() != 0 || b.settles.Load() != 1 {
+		t.Fatalf("claims %d/%d settles %d/%d, want 1/1 0/1", a.claims.Load(), b.claims.Load(), a.settles.Load(), b.settles.Load())
 	}
 }

@@ -5,10 +5,33 @@ import (
 	"time"
 )
 
-// Hook is an observer of a Guard. It implements any of the interfaces below;
-// the guard sorts hooks by interface once, at NewGuard. Hooks run inline on
-// the caller's goroutine and must be fast and must not block.
-type Hook any
+// Hooks observe a Guard. Each field is optional (nil fields are skipped);
+// the guard keeps the non-nil ones at NewGuard. Hooks run inline on the
+// goroutine that caused the event (a caller, the heartbeat or the
+// background completer) and must be fast and must not block.
+//
+// A struct of funcs rather than interfaces found by type assertion: a
+// misspelled field does not compile, where a misspelled method compiled
+// and observed nothing.
+type Hooks struct {
+	// OnClaim observes every claim, including each entry of a batch.
+	OnClaim func(ctx context.Context, e ClaimEvent)
+	// OnSettle observes each store call that settles a held claim
+	// (Complete, Release, Fail), retries included.
+	OnSettle func(ctx context.Context, e SettleEvent)
+	// OnFailOpen observes each handler run let through without a record
+	// because the store could not be reached (only with WithFailOpen).
+	OnFailOpen func(ctx context.Context, key []byte, err error)
+	// OnLeaseLost observes a held claim that was taken over or removed
+	// while held (found by the heartbeat or at settle).
+	OnLeaseLost func(ctx context.Context, key []byte, token uint64, err error)
+	// OnUnrecorded observes a completion the store did not record in time:
+	// the caller got ErrUnrecorded (Phase UnrecordedPending), and later how
+	// the guard's background retries ended (UnrecordedRecovered or
+	// UnrecordedAbandoned). Count pending minus recovered to alert on
+	// effects that may run again.
+	OnUnrecorded func(ctx context.Context, e UnrecordedEvent)
+}
 
 // ClaimEvent describes one claim.
 type ClaimEvent struct {
@@ -17,11 +40,6 @@ type ClaimEvent struct {
 	Attempts int
 	Err      error
 	Duration time.Duration // time spent in the store
-}
-
-// ClaimHook observes every claim, including each entry of a batch.
-type ClaimHook interface {
-	OnClaim(ctx context.Context, e ClaimEvent)
 }
 
 // SettleAction is how a held claim ended.
@@ -45,7 +63,7 @@ func (a SettleAction) String() string {
 	return "unknown"
 }
 
-// SettleEvent describes the end of a held claim.
+// SettleEvent describes one store call settling a held claim.
 type SettleEvent struct {
 	Key      []byte
 	Token    uint64
@@ -55,47 +73,85 @@ type SettleEvent struct {
 	Duration time.Duration // time spent in the store
 }
 
-// SettleHook observes Complete, Release and Fail of held claims.
-type SettleHook interface {
-	OnSettle(ctx context.Context, e SettleEvent)
+// UnrecordedPhase says where an unrecorded completion stands.
+type UnrecordedPhase uint8
+
+const (
+	// UnrecordedPending: the caller got ErrUnrecorded; the effect is done,
+	// the record still says in progress, and the guard keeps retrying in
+	// the background while the heartbeat keeps the lease.
+	UnrecordedPending UnrecordedPhase = iota + 1
+	// UnrecordedRecovered: a background retry recorded it. A redelivery
+	// now replays the result.
+	UnrecordedRecovered
+	// UnrecordedAbandoned: the guard stopped trying (its background budget
+	// ran out, its queue was full, the guard was closed, or the claim was
+	// taken over meanwhile). Once the lease lapses a redelivery may run
+	// the effect again.
+	UnrecordedAbandoned
+)
+
+func (p UnrecordedPhase) String() string {
+	switch p {
+	case UnrecordedPending:
+		return "pending"
+	case UnrecordedRecovered:
+		return "recovered"
+	case UnrecordedAbandoned:
+		return "abandoned"
+	}
+	return "unknown"
 }
 
-// FailOpenHook observes each handler run let through without a record
-// because the store failed (only with WithFailOpen).
-type FailOpenHook interface {
-	OnFailOpen(ctx context.Context, key []byte, err error)
-}
-
-// LeaseLostHook observes a held claim that was taken over or removed while
-// its handler ran (found by the heartbeat or at settle).
-type LeaseLostHook interface {
-	OnLeaseLost(ctx context.Context, key []byte, token uint64, err error)
+// UnrecordedEvent describes a completion the store did not record.
+type UnrecordedEvent struct {
+	Key    []byte
+	Token  uint64
+	Action SettleAction // SettleComplete, or SettleFail for a result too large
+	Phase  UnrecordedPhase
+	Err    error // the store's last answer (nil when recovered)
+	Tries  int   // store calls made for this settle so far
+	// Window is how long the lease was still known to run when the event
+	// was raised (measured from the last successful claim or extend): the
+	// time in which a redelivery is still refused as in progress. Zero or
+	// negative: the lease may have lapsed already.
+	Window time.Duration
 }
 
 type hookSet struct {
-	claim    []ClaimHook
-	settle   []SettleHook
-	failOpen []FailOpenHook
-	lost     []LeaseLostHook
+	claim      []func(context.Context, ClaimEvent)
+	settle     []func(context.Context, SettleEvent)
+	failOpen   []func(context.Context, []byte, error)
+	lost       []func(context.Context, []byte, uint64, error)
+	unrecorded []func(context.Context, UnrecordedEvent)
 }
 
-func newHookSet(hs []Hook) hookSet {
+func newHookSet(hs []Hooks) hookSet {
 	var s hookSet
 	for _, h := range hs {
-		if x, ok := h.(ClaimHook); ok {
-			s.claim = append(s.claim, x)
+		if h.OnClaim != nil {
+			s.claim = append(s.claim, h.OnClaim)
 		}
-		if x, ok := h.(SettleHook); ok {
-			s.settle = append(s.settle, x)
+		if h.OnSettle != nil {
+			s.settle = append(s.settle, h.OnSettle)
 		}
-		if x, ok := h.(FailOpenHook); ok {
-			s.failOpen = append(s.failOpen, x)
+		if h.OnFailOpen != nil {
+			s.failOpen = append(s.failOpen, h.OnFailOpen)
 		}
-		if x, ok := h.(LeaseLostHook); ok {
-			s.lost = append(s.lost, x)
+		if h.OnLeaseLost != nil {
+			s.lost = append(s.lost, h.OnLeaseLost)
+		}
+		if h.OnUnrecorded != nil {
+			s.unrecorded = append(s.unrecorded, h.OnUnrecorded)
 		}
 	}
 	return s
 }
 
 func (s *hookSet) timed() bool { return len(s.claim) > 0 || len(s.settle) > 0 }
+
+func (s *hookSet) onUnrecorded(ctx context.Context, e UnrecordedEvent) {
+	for _, h := range s.unrecorded {
+		h(ctx, e)
+	}
+}

@@ -23,7 +23,7 @@ type guardConfig struct {
 	redelivery      time.Duration
 	logger          *slog.Logger
 	clock           Clock
-	hooks           []Hook
+	hooks           []Hooks
 }
 
 func (c *guardConfig) validate() error {
@@ -64,7 +64,7 @@ func WithTTL(d time.Duration) Option { return func(c *guardConfig) { c.ttl = d }
 func WithMaxAttempts(n int) Option { return func(c *guardConfig) { c.maxAttempts = n } }
 
 // WithFailOpen lets the handler run without a record when the store cannot be
-// reached. Every such pass is logged and reported to FailOpenHook. The
+// reached. Every such pass is logged and reported to Hooks.OnFailOpen. The
 // default is to fail closed: no effect, return the error, let the broker
 // redeliver.
 func WithFailOpen(on bool) Option { return func(c *guardConfig) { c.failOpen = on } }
@@ -88,9 +88,10 @@ func WithLogger(l *slog.Logger) Option { return func(c *guardConfig) { c.logger 
 // retry hints (default the system clock). Leases are timed by the store.
 func WithClock(cl Clock) Option { return func(c *guardConfig) { c.clock = cl } }
 
-// WithHooks adds observers; each may implement any of ClaimHook, SettleHook,
-// FailOpenHook and LeaseLostHook.
-func WithHooks(h ...Hook) Option { return func(c *guardConfig) { c.hooks = append(c.hooks, h...) } }
+// WithHooks adds observers (see Hooks); nil fields are skipped. Several
+// Hooks values may be given, in one call or several: each event goes to
+// all of them in order.
+func WithHooks(h ...Hooks) Option { return func(c *guardConfig) { c.hooks = append(c.hooks, h...) } }
 
 // CallOption adjusts one Do or Acquire call.
 type CallOption func(*callConfig)

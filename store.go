@@ -202,6 +202,18 @@ type BatchCompleter interface {
 	CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error)
 }
 
+// ErrorClassifier is an optional Store capability: it maps an error from the store's
+// driver, e.g. one returned by a handler whose effect used the same database (DoTx,
+// ClaimTx), onto idem's sentinels: wrapped with ErrUnavailable (backend unreachable,
+// nothing applied), with ErrUnknownOutcome (may have been applied), or returned
+// unchanged (not an infrastructure error). nil stays nil.
+//
+// Implementations recognise their driver's own error types and codes (a
+// connection-class SQLSTATE, a Redis LOADING reply, a closed pool) and fall
+// back on ClassifyError for the rest. Callers holding a Store use its
+// ErrorClassifier when it has one and ClassifyError otherwise.
+type ErrorClassifier interface{ ClassifyError(err error) error }
+
 // Purger is an optional Store capability: remove records past their
 // retention. It removes at most limit records (limit <= 0: no limit) and
 // reports how many it removed. It must not block claims for long: stores
