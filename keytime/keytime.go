@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -97,9 +98,20 @@ func ULID(key []byte) (time.Time, error) {
 
 // Snowflake returns a Func for Snowflake IDs (41-bit
 // millisecond time above 22 low bits) counted from epoch, given as decimal
-// text or 8 big-endian bytes.
-func Snowflake(epoch time.Time) Func {
+// text or 8 big-endian bytes. It is SnowflakeBits(epoch, 22): the default
+// layout of package snowflake and Twitter's.
+func Snowflake(epoch time.Time) Func { return SnowflakeBits(epoch, 22) }
+
+// SnowflakeBits returns a Func for 63-bit Snowflake-style IDs whose
+// millisecond time since epoch sits above lowBits bits of worker and
+// sequence (package snowflake's Layout.KeyTime uses it). IDs are given as
+// decimal text without leading zeros or as 8 big-endian bytes. lowBits must
+// be in [0, 62]; outside it every key is rejected.
+func SnowflakeBits(epoch time.Time, lowBits uint) Func {
 	return func(key []byte) (time.Time, error) {
+		if lowBits > 62 {
+			return time.Time{}, keyTimeErr("snowflake layout with %d low bits", lowBits)
+		}
 		var id uint64
 		if len(key) == 8 {
 			id = binary.BigEndian.Uint64(key)
@@ -113,6 +125,10 @@ func Snowflake(epoch time.Time) Func {
 		if id>>63 != 0 {
 			return time.Time{}, keyTimeErr("snowflake ID %d has the sign bit set", id)
 		}
-		return epoch.Add(time.Duration(id>>22) * time.Millisecond).UTC(), nil
+		ms := id >> lowBits
+		if ms > uint64(math.MaxInt64/int64(time.Millisecond)) {
+			return time.Time{}, keyTimeErr("snowflake ID %d: time out of range for %d low bits", id, lowBits)
+		}
+		return epoch.Add(time.Duration(ms) * time.Millisecond).UTC(), nil
 	}
 }

@@ -18,6 +18,8 @@ func TestKeyTime(t *testing.T) {
 	var sfBin [8]byte
 	binary.BigEndian.PutUint64(sfBin[:], sfID)
 	sf := keytime.Snowflake(epoch)
+	sf18 := keytime.SnowflakeBits(epoch, 18) // e.g. 45 time bits, 8 worker, 10 sequence
+	sf18ID := uint64(at.Sub(epoch).Milliseconds())<<18 | 0x3ffff
 	cases := []struct {
 		name string
 		fn   keytime.Func
@@ -39,6 +41,10 @@ func TestKeyTime(t *testing.T) {
 		{"SnowflakeBinary", sf, string(sfBin[:]), at},
 		{"SnowflakeLeadingZero", sf, "0" + strconv.FormatUint(sfID, 10), time.Time{}},
 		{"SnowflakeNotNumber", sf, "12ab", time.Time{}},
+		{"SnowflakeBits18", sf18, strconv.FormatUint(sf18ID, 10), at},
+		{"SnowflakeBits18Sign", sf18, "9223372036854775808", time.Time{}},
+		{"SnowflakeBitsTooMany", keytime.SnowflakeBits(epoch, 63), "1", time.Time{}},
+		{"SnowflakeBitsZeroOverflow", keytime.SnowflakeBits(epoch, 0), "9223372036854775807", time.Time{}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,7 +70,7 @@ func FuzzKeyTime(f *testing.F) {
 	f.Add(uuid7(time.Unix(1700000000, 0), 1))
 	f.Add([]byte("1234567890123456789"))
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1})
-	fns := []keytime.Func{keytime.UUIDv7, keytime.ULID, keytime.Snowflake(time.Unix(0, 0))}
+	fns := []keytime.Func{keytime.UUIDv7, keytime.ULID, keytime.Snowflake(time.Unix(0, 0)), keytime.SnowflakeBits(time.Unix(0, 0), 0)}
 	f.Fuzz(func(t *testing.T, key []byte) {
 		for _, fn := range fns {
 			t1, err1 := fn(key)
