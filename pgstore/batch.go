@@ -147,13 +147,15 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 		wrote, err := s.runBatch(ctx, q, reqs, out, send, round == 0)
 		applied = applied || wrote
 		if err != nil {
-			if !inTx && s.retryable(ctx, err) {
-				if isNoPartition(err) {
-					s.forgetPartitions()
-					if perr := s.ensurePartitionsFor(ctx, refs); perr != nil {
-						return nil, s.batchErr(ctx, perr, applied)
-					}
+			if isNoPartition(err) {
+				if perr := s.recreatePartitions(ctx, refs); perr != nil {
+					return nil, s.batchErr(ctx, perr, applied && !inTx)
 				}
+				if inTx {
+					return nil, s.partitionRetryErr(err)
+				}
+			}
+			if !inTx && s.retryable(ctx, err) {
 				continue
 			}
 			return nil, s.batchErr(ctx, err, applied)
@@ -188,12 +190,6 @@ func (s *Store) batchErr(ctx context.Context, err error, applied bool) error {
 		return fmt.Errorf("%w: pgstore: batch partly applied: %w", idem.ErrUnknownOutcome, err)
 	}
 	return s.mapErr(ctx, err, true)
-}
-
-func (s *Store) forgetPartitions() {
-	s.partMu.Lock()
-	clear(s.parts)
-	s.partMu.Unlock()
 }
 
 // span is one statement's share of send: rows of one table, at most

@@ -34,6 +34,15 @@ func IsSerializationFailure(err error) bool {
 	return c == codeSerializationFailure || c == codeDeadlockDetected
 }
 
+// IsRetryable reports whether err, from a transaction that pgstore took
+// part in (DoTx's own, or the caller's around ClaimTx and ClaimBatchTx),
+// means the transaction was rolled back for a transient reason and may be
+// run again at once: a serialization failure, a deadlock, or a partition
+// that was missing and that pgstore has recreated.
+func IsRetryable(err error) bool {
+	return IsSerializationFailure(err) || errors.Is(err, errPartitionRecreated)
+}
+
 func isNoPartition(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == codeCheckViolation && pe.ConstraintName == "" // our tables have no CHECK constraints

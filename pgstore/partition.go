@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -50,7 +51,10 @@ func (s *Store) partitionName(start time.Time) string {
 	return fmt.Sprintf("%s_p%s", s.cfg.Table, start.Format("20060102"))
 }
 
-// ensurePartitionsFor makes sure the partitions for the keys' times exist.
+// ensurePartitionsFor makes sure the partitions for the keys' times exist,
+// as far as this Store knows: it remembers the partitions it created or
+// found, and another Store value (or process) may have dropped one since.
+// A claim that then finds no partition calls recreatePartitions.
 func (s *Store) ensurePartitionsFor(ctx context.Context, refs []keyRef) error {
 	if s.cfg.Layout != LayoutTimePartitioned {
 		return nil
@@ -72,12 +76,37 @@ func (s *Store) ensurePartitionsFor(ctx context.Context, refs []keyRef) error {
 	return nil
 }
 
+// recreatePartitions is called after a statement found no partition for one
+// of refs (SQLSTATE 23514): this Store's memory of them is stale (maintenance
+// elsewhere dropped one), so it forgets them and creates whichever is
+// missing.
+func (s *Store) recreatePartitions(ctx context.Context, refs []keyRef) error {
+	s.partMu.Lock()
+	for _, r := range refs {
+		delete(s.parts, s.periodStart(r.ktime).Unix())
+	}
+	s.partMu.Unlock()
+	return s.ensurePartitionsFor(ctx, refs)
+}
+
+// errPartitionRecreated is wrapped in the error of a claim inside a
+// caller's transaction that found its partition missing: the server aborted
+// the transaction, pgstore recreated the partition, and running the
+// transaction again succeeds (IsRetryable).
+var errPartitionRecreated = errors.New("pgstore: the partition was missing (dropped by maintenance after this Store last used it) and has been recreated: run the transaction again")
+
 // createPartition creates the partition starting at st if it does not exist.
-// An advisory lock serializes creators; lock_timeout bounds the wait for the
-// parent's lock so claims do not queue behind DDL for long.
+// It creates a plain table and then attaches it: ATTACH PARTITION takes a
+// SHARE UPDATE EXCLUSIVE lock on the parent, which claims in flight (ROW
+// EXCLUSIVE) do not block, whereas CREATE TABLE ... PARTITION OF waits for
+// ACCESS EXCLUSIVE, so it would wait for every open transaction that
+// claimed, the caller's own (ClaimTx) included, and every claim behind it
+// would wait too. An advisory lock serializes creators; lock_timeout bounds
+// the wait for the parent's lock.
 func (s *Store) createPartition(ctx context.Context, st time.Time) error {
 	end := st.Add(s.cfg.Period)
 	name := s.partitionName(st)
+	P, parent := ident(s.cfg.Schema, name), ident(s.cfg.Schema, s.cfg.Table)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.cfg.LockTimeout.Milliseconds())); err != nil {
 			return err
@@ -85,8 +114,23 @@ func (s *Store) createPartition(ctx context.Context, st time.Time) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 1))", s.cfg.Schema+"."+s.cfg.Table); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-			ident(s.cfg.Schema, name), ident(s.cfg.Schema, s.cfg.Table), st.Format(time.RFC3339), end.Format(time.RFC3339)))
+		var attached bool
+		err := tx.QueryRow(ctx, `SELECT c.relispartition FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, s.cfg.Schema, name).Scan(&attached)
+		switch {
+		case err == nil && attached:
+			return nil
+		case errors.Is(err, pgx.ErrNoRows):
+			// A table left unattached by a crash between the two steps is
+			// attached below.
+			if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS)", P, parent)); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		}
+		_, err = tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')",
+			parent, P, st.Format(time.RFC3339), end.Format(time.RFC3339)))
 		return err
 	})
 	if err != nil && pgCode(err) != codeDuplicateTable {
@@ -212,8 +256,10 @@ func (s *Store) dropPartition(ctx context.Context, name string) (bool, error) {
 		return nil
 	})
 	if err != nil {
-		if pgCode(err) == codeLockNotAvailable {
-			s.cfg.Logger.Warn("pgstore: partition busy, will retry", "table", s.cfg.Schema+"."+name)
+		if c := pgCode(err); c == codeLockNotAvailable || c == codeDeadlockDetected {
+			// A deadlock: a claim of a key in this partition held the
+			// parent's lock and waited for ours on the partition.
+			s.cfg.Logger.Warn("pgstore: partition busy, will retry", "table", s.cfg.Schema+"."+name, "err", err)
 			return false, nil
 		}
 		return false, s.mapErr(ctx, err, true)

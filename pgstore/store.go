@@ -248,7 +248,8 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 
 // claim runs the claim statement on q until its outcome is settled. In a
 // caller's transaction (inTx) a server error aborts the transaction, so it
-// is returned at once.
+// is returned at once (after recreating a missing partition, so that the
+// transaction succeeds when run again).
 func (s *Store) claim(ctx context.Context, q querier, r keyRef, req idem.ClaimRequest, inTx bool) (idem.Claim, error) {
 	if err := s.ensurePartitionsFor(ctx, []keyRef{r}); err != nil {
 		return idem.Claim{}, err
@@ -265,20 +266,27 @@ func (s *Store) claim(ctx context.Context, q querier, r keyRef, req idem.ClaimRe
 		} else if errors.Is(err, pgx.ErrNoRows) {
 			err = errSettle // the conflicting row is newer than our snapshot
 		}
+		if isNoPartition(err) {
+			if perr := s.recreatePartitions(ctx, []keyRef{r}); perr != nil {
+				return idem.Claim{}, perr
+			}
+			if inTx {
+				return idem.Claim{}, s.partitionRetryErr(err)
+			}
+		}
 		if attempt+1 >= maxSettle || (inTx && err != errSettle) {
 			return idem.Claim{}, s.mapErr(ctx, err, true)
 		}
-		if err != errSettle {
-			if !s.retryable(ctx, err) {
-				return idem.Claim{}, s.mapErr(ctx, err, true)
-			}
-			if isNoPartition(err) {
-				if perr := s.ensurePartitionsFor(ctx, []keyRef{r}); perr != nil {
-					return idem.Claim{}, perr
-				}
-			}
+		if err != errSettle && !s.retryable(ctx, err) {
+			return idem.Claim{}, s.mapErr(ctx, err, true)
 		}
 	}
+}
+
+// partitionRetryErr is the error of a claim in a caller's transaction that
+// found no partition, once the partition has been recreated.
+func (s *Store) partitionRetryErr(err error) error {
+	return fmt.Errorf("%w: %w: %w", idem.ErrUnavailable, errPartitionRecreated, err)
 }
 
 // Get implements idem.Store.

@@ -17,10 +17,12 @@ import (
 // key (in or out of a transaction) waits on the row until tx ends.
 //
 // A server error aborts tx (PostgreSQL rejects every later statement), so
-// ClaimTx returns it at once; on a serialization failure or deadlock
-// (IsSerializationFailure) roll back and run the whole transaction again, as
-// DoTx does. For LayoutTimePartitioned a missing partition is created on
-// another pool connection, so the pool must have at least two.
+// ClaimTx returns it at once; when IsRetryable(err) (a serialization
+// failure, a deadlock, or a partition that another Store value or process
+// dropped and that ClaimTx has recreated) roll back and run the whole
+// transaction again, as DoTx does. For LayoutTimePartitioned a missing
+// partition is created on another pool connection, so the pool must have
+// at least two.
 func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, req idem.ClaimRequest) (idem.Claim, error) {
 	if err := idem.ValidateClaim(req); err != nil {
 		return idem.Claim{}, err
@@ -136,8 +138,8 @@ func (s *Store) DoTxOptions(ctx context.Context, opts pgx.TxOptions, req idem.Cl
 	}
 	for attempt := 0; ; attempt++ {
 		c, err := s.doTxOnce(ctx, opts, r, req, fn)
-		if err == nil || !IsSerializationFailure(err) || attempt >= s.cfg.TxRetries || ctx.Err() != nil {
-			if err != nil && IsSerializationFailure(err) {
+		if err == nil || !IsRetryable(err) || attempt >= s.cfg.TxRetries || ctx.Err() != nil {
+			if err != nil && IsRetryable(err) {
 				var he *idem.HandlerError
 				if !errors.As(err, &he) {
 					err = s.mapErr(ctx, err, false) // rolled back: nothing applied
@@ -145,7 +147,7 @@ func (s *Store) DoTxOptions(ctx context.Context, opts pgx.TxOptions, req idem.Cl
 			}
 			return c, err
 		}
-		s.cfg.Logger.Debug("pgstore: DoTx retry after serialization failure", "key", string(req.Key), "attempt", attempt+1, "err", err)
+		s.cfg.Logger.Debug("pgstore: DoTx retry after a transient abort", "key", string(req.Key), "attempt", attempt+1, "err", err)
 	}
 }
 
