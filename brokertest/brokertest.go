@@ -56,10 +56,26 @@ type Features struct {
 	// MaxPayload is the largest payload the suite sends (the broker's
 	// limit minus headroom for headers). Default 256 KiB.
 	MaxPayload int
+	// AckWait is the factory's ack wait: the broker redelivers a delivery
+	// that is neither settled nor kept alive with InProgress within it.
+	// 0 means the broker never redelivers a delivery while its subscriber
+	// lives (Kafka: only a member leaving the group does); the InProgress
+	// case is then skipped.
+	//
+	// The suite derives every wait for something that must NOT happen
+	// from it (an acked, terminated or in-progress message coming back):
+	// it watches past the ack wait, and where it can it leaves a control
+	// message unsettled that must come back meanwhile, so a wait that is
+	// too short fails the case instead of passing it.
+	AckWait time.Duration
 	// RedeliveryTimeout is the longest the suite waits for a redelivery
-	// (after Nak, or after a subscriber closed without settling). Set the
-	// factory's ack wait / session timeout well below it. Default 15s.
+	// that must happen (after Nak, after the ack wait, or after a
+	// subscriber closed without settling). Set the factory's ack wait /
+	// session timeout well below it. Default 5s + 3 x AckWait.
 	RedeliveryTimeout time.Duration
+	// DeliveryTimeout is the longest the suite waits for a published
+	// message to be delivered. Default 30s.
+	DeliveryTimeout time.Duration
 	// NakDelay is the delay the NativeNakDelay test asks for. Default 1s.
 	NakDelay time.Duration
 	// LeakOptions are passed to each subtest's goleak check, e.g.
@@ -73,7 +89,10 @@ func (f Features) withDefaults() Features {
 		f.MaxPayload = 256 << 10
 	}
 	if f.RedeliveryTimeout <= 0 {
-		f.RedeliveryTimeout = 15 * time.Second
+		f.RedeliveryTimeout = 5*time.Second + 3*f.AckWait
+	}
+	if f.DeliveryTimeout <= 0 {
+		f.DeliveryTimeout = 30 * time.Second
 	}
 	if f.NakDelay <= 0 {
 		f.NakDelay = time.Second
@@ -124,6 +143,17 @@ func Run(t *testing.T, factory Factory, features Features) {
 			tc.fn(t, env, f)
 		})
 	}
+}
+
+// pastRedelivery is how long the suite watches for a message that must
+// not come back: past the ack wait by half of it, plus half a second for
+// the fetch round trips. Without an ack wait, a second for anything still
+// in flight.
+func (f Features) pastRedelivery() time.Duration {
+	if f.AckWait <= 0 {
+		return time.Second
+	}
+	return f.AckWait + f.AckWait/2 + 500*time.Millisecond
 }
 
 var seq atomic.Uint64

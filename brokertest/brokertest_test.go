@@ -16,10 +16,26 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var n atomic.Int64
 
-// TestMembroker runs the suite against the in-memory broker, which
-// promises everything.
+// memAckWait is the in-memory broker's ack wait in these tests: long
+// enough that InProgress every quarter of it is never late on a loaded
+// machine, short enough for the suite's waits past it.
+const memAckWait = time.Second
+
+// memFeatures is what the in-memory broker promises: everything.
+var memFeatures = brokertest.Features{
+	OrderedByKey:        true,
+	ConsumerGroups:      true,
+	NativeNakDelay:      true,
+	DeliveryCount:       true,
+	RedeliverAfterClose: true,
+	MaxPayload:          1 << 20,
+	NakDelay:            300 * time.Millisecond,
+	AckWait:             memAckWait,
+}
+
+// TestMembroker runs the suite against the in-memory broker.
 func TestMembroker(t *testing.T) {
-	b, err := membroker.New(membroker.Config{AckWait: 2 * time.Second})
+	b, err := membroker.New(membroker.Config{AckWait: memAckWait})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,13 +46,5 @@ func TestMembroker(t *testing.T) {
 			NewPublisher:  func(testing.TB) broker.Publisher { return b.NewPublisher() },
 			NewSubscriber: func(_ testing.TB, group string) broker.Subscriber { return b.NewSubscriber(topic, group) },
 		}
-	}, brokertest.Features{
-		OrderedByKey:        true,
-		ConsumerGroups:      true,
-		NativeNakDelay:      true,
-		DeliveryCount:       true,
-		RedeliverAfterClose: true,
-		MaxPayload:          1 << 20,
-		NakDelay:            300 * time.Millisecond,
-	})
+	}, memFeatures)
 }

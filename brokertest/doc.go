@@ -21,4 +21,14 @@
 //
 // Each subtest checks for goroutine leaks with goleak after closing what it
 // opened.
+//
+// Every wait for something that must NOT happen (an acked, terminated or
+// in-progress message coming back) is derived from Features.AckWait, and
+// where it can the case leaves a control message unsettled that must come
+// back meanwhile, so a wait too short to see the fault fails instead of
+// passing. TestSuiteCatchesMutants runs the cases against deliberately
+// broken adapters (the in-memory broker with one fault each: Ack, Term or
+// InProgress ignored, Nak delay ignored, messages lost, reordered or
+// redelivered after an ack, headers dropped...) and requires the cases
+// that test each broken promise to fail.
 package brokertest

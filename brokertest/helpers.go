@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,3 +150,55 @@ func checkSame(t *testing.T, sent, got *broker.Message) {
 		t.Errorf("message %s: Delivery %d, want >= 1", sent.ID, got.Delivery)
 	}
 }
+
+// watch fetches from every subscriber in subs at once until done reports
+// true or timeout passes. Each delivery is passed to settle; settle and
+// done run under one lock, so they need none of their own. It returns
+// false if it stopped on the timeout.
+func watch(t *testing.T, subs []broker.Subscriber, timeout time.Duration, done func() bool, settle func(m *broker.Message)) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var mu sync.Mutex
+	finished := false
+	check := func() {
+		if done != nil && done() {
+			finished = true
+			cancel()
+		}
+	}
+	mu.Lock()
+	check()
+	mu.Unlock()
+	var wg sync.WaitGroup
+	for i, s := range subs {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				msgs, err := s.Fetch(ctx, 64)
+				if err != nil && ctx.Err() == nil {
+					t.Errorf("subscriber %d Fetch: %v", i, err)
+					return
+				}
+				mu.Lock()
+				for _, m := range msgs {
+					settle(m)
+				}
+				check()
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return finished
+}
+
+// settleOK reports a failed settle call without stopping the goroutine
+// (watch's settle runs on fetching goroutines).
+func settleOK(t *testing.T, what string, m *broker.Message, err error) {
+	if err != nil {
+		t.Errorf("%s(%s): %v", what, m.ID, err)
+	}
+}
+
+// bg is a context for settle calls made from watch callbacks.
+func bg(t *testing.T) context.Context { return ctxFor(t, 30*time.Second) }

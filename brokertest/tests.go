@@ -14,8 +14,6 @@ import (
 	"github.com/idem-dev/idem/broker"
 )
 
-const collectTimeout = 30 * time.Second
-
 func testPublishConsume(t *testing.T, env Env, f Features) {
 	p := newPub(t, env)
 	defer closeOK(t, "publisher", p)
@@ -24,13 +22,31 @@ func testPublishConsume(t *testing.T, env Env, f Features) {
 
 	sent := makeMsgs(env.Topic, "pc", 50, nil)
 	publish(t, p, sent...)
-	got := collect(t, s, collectTimeout, untilIDs(sent), ackAll(t))
+	got := collect(t, s, f.DeliveryTimeout, untilIDs(sent), ackAll(t))
 	if miss := missing(sent, got); len(miss) > 0 {
 		t.Fatalf("%d of %d messages never delivered, e.g. %s", len(miss), len(sent), miss[0])
 	}
 	gotBy := byID(got)
 	for _, m := range sent {
 		checkSame(t, m, gotBy[m.ID])
+	}
+	noneBack(t, s, f, sent, "acked")
+}
+
+// noneBack watches s past the redelivery time: none of msgs (which were
+// settled: acked or terminated) may be delivered again.
+func noneBack(t *testing.T, s broker.Subscriber, f Features, msgs []*broker.Message, how string) {
+	t.Helper()
+	settled := byID(msgs)
+	var again []string
+	watch(t, []broker.Subscriber{s}, f.pastRedelivery(), nil, func(m *broker.Message) {
+		if settled[m.ID] != nil {
+			again = append(again, fmt.Sprintf("%s (delivery %d)", m.ID, m.Delivery))
+		}
+		settleOK(t, "Ack", m, m.Acker.Ack(bg(t)))
+	})
+	if len(again) > 0 {
+		t.Fatalf("%d %s message(s) delivered again within %s, e.g. %s", len(again), how, f.pastRedelivery(), again[0])
 	}
 }
 
@@ -54,7 +70,7 @@ func testHeadersRoundTrip(t *testing.T, env Env, f Features) {
 		Payload: []byte(`{"amount":10}`),
 	}
 	publish(t, p, m)
-	got := collect(t, s, collectTimeout, untilIDs([]*broker.Message{m}), ackAll(t))
+	got := collect(t, s, f.DeliveryTimeout, untilIDs([]*broker.Message{m}), ackAll(t))
 	g := byID(got)[m.ID]
 	if g == nil {
 		t.Fatalf("message %s never delivered", m.ID)
@@ -78,7 +94,7 @@ func testEmptyPayload(t *testing.T, env Env, f Features) {
 
 	m := &broker.Message{ID: newID("empty"), Topic: env.Topic}
 	publish(t, p, m)
-	got := collect(t, s, collectTimeout, untilIDs([]*broker.Message{m}), ackAll(t))
+	got := collect(t, s, f.DeliveryTimeout, untilIDs([]*broker.Message{m}), ackAll(t))
 	g := byID(got)[m.ID]
 	if g == nil {
 		t.Fatalf("message %s never delivered", m.ID)
@@ -101,7 +117,7 @@ func testLargePayload(t *testing.T, env Env, f Features) {
 	m := &broker.Message{ID: newID("large"), Topic: env.Topic, Payload: big,
 		Headers: map[string]string{"x-size": fmt.Sprint(len(big))}}
 	publish(t, p, m)
-	got := collect(t, s, collectTimeout, untilIDs([]*broker.Message{m}), ackAll(t))
+	got := collect(t, s, f.DeliveryTimeout, untilIDs([]*broker.Message{m}), ackAll(t))
 	g := byID(got)[m.ID]
 	if g == nil {
 		t.Fatalf("message %s never delivered", m.ID)
@@ -145,7 +161,7 @@ func testConcurrentPublishers(t *testing.T, env Env, f Features) {
 	for err := range errs {
 		t.Fatalf("concurrent Publish: %v", err)
 	}
-	got := collect(t, s, collectTimeout, untilIDs(all), ackAll(t))
+	got := collect(t, s, f.DeliveryTimeout, untilIDs(all), ackAll(t))
 	if miss := missing(all, got); len(miss) > 0 {
 		t.Fatalf("%d of %d messages never delivered", len(miss), len(all))
 	}
@@ -193,7 +209,7 @@ func testSettleTwice(t *testing.T, env Env, f Features) {
 
 	sent := makeMsgs(env.Topic, "twice", 1, nil)
 	publish(t, p, sent...)
-	got := collect(t, s, collectTimeout, untilIDs(sent), nil)
+	got := collect(t, s, f.DeliveryTimeout, untilIDs(sent), nil)
 	m := byID(got)[sent[0].ID]
 	if m == nil {
 		t.Fatal("message never delivered")
@@ -233,7 +249,7 @@ func testRedeliveryAfterNak(t *testing.T, env Env, f Features) {
 	target := sent[1].ID
 	naked := 0
 	var redelivered *broker.Message
-	got := collect(t, s, f.RedeliveryTimeout+collectTimeout,
+	got := collect(t, s, f.RedeliveryTimeout+f.DeliveryTimeout,
 		func(got []*broker.Message) bool { return redelivered != nil && len(missing(sent, got)) == 0 },
 		func(m *broker.Message) {
 			if m.ID == target && naked == 0 {
@@ -269,7 +285,7 @@ func testNakDelay(t *testing.T, env Env, f Features) {
 	sent := makeMsgs(env.Topic, "nakdelay", 1, nil)
 	publish(t, p, sent...)
 	var nakAt, backAt time.Time
-	collect(t, s, f.RedeliveryTimeout+f.NakDelay+collectTimeout,
+	collect(t, s, f.RedeliveryTimeout+f.NakDelay+f.DeliveryTimeout,
 		func([]*broker.Message) bool { return !backAt.IsZero() },
 		func(m *broker.Message) {
 			if nakAt.IsZero() {
@@ -292,63 +308,166 @@ func testNakDelay(t *testing.T, env Env, f Features) {
 	}
 }
 
+// testTerm: a terminated message never comes back, neither to the
+// subscriber that terminated it once the ack wait has passed, nor to the
+// next member of the group. A control message with the same key, published
+// after it and left unsettled, must come back meanwhile: that proves the
+// case waited past the redelivery time (and, on brokers that commit a
+// prefix, that the new member read past the terminated message).
 func testTerm(t *testing.T, env Env, f Features) {
 	p := newPub(t, env)
 	defer closeOK(t, "publisher", p)
 	s := newSub(t, env, "g")
-	defer closeOK(t, "subscriber", s)
 
-	poison := makeMsgs(env.Topic, "poison", 1, nil)
-	publish(t, p, poison...)
-	termed := 0
-	collect(t, s, collectTimeout,
-		func([]*broker.Message) bool { return termed > 0 },
-		func(m *broker.Message) {
-			if m.ID == poison[0].ID {
-				termed++
-				if err := m.Acker.Term(context.Background(), "poison"); err != nil {
-					t.Fatalf("Term: %v", err)
-				}
+	key := []byte(newID("term-key"))
+	poison := makeMsgs(env.Topic, "poison", 1, func(int) []byte { return key })[0]
+	control := makeMsgs(env.Topic, "control", 1, func(int) []byte { return key })[0]
+	publish(t, p, poison)
+	publish(t, p, control)
+
+	var (
+		termed, poisonAgain []*broker.Message
+		controls            int
+	)
+	// settle terminates the poison's first delivery, records any later
+	// one (acking it so it stops), and counts the control's deliveries,
+	// leaving them unsettled unless ackControl.
+	ackControl := false
+	settle := func(m *broker.Message) {
+		switch m.ID {
+		case poison.ID:
+			if len(termed) == 0 {
+				termed = append(termed, m)
+				settleOK(t, "Term", m, m.Acker.Term(bg(t), "poison"))
 				return
 			}
-			ack(t, m)
-		})
-	if termed == 0 {
-		t.Fatal("message never delivered")
-	}
-	// A marker published after Term: once it arrives, the terminated
-	// message must not have come back.
-	marker := makeMsgs(env.Topic, "marker", 1, nil)
-	publish(t, p, marker...)
-	got := collect(t, s, collectTimeout, untilIDs(marker), ackAll(t))
-	for _, m := range got {
-		if m.ID == poison[0].ID {
-			t.Fatalf("terminated message %s was redelivered", m.ID)
+			poisonAgain = append(poisonAgain, m)
+			settleOK(t, "Ack", m, m.Acker.Ack(bg(t)))
+		case control.ID:
+			controls++
+			if ackControl {
+				settleOK(t, "Ack", m, m.Acker.Ack(bg(t)))
+			}
+		default:
+			settleOK(t, "Ack", m, m.Acker.Ack(bg(t)))
 		}
 	}
-	if miss := missing(marker, got); len(miss) > 0 {
-		t.Fatal("marker never delivered")
+	subs := []broker.Subscriber{s}
+	if !watch(t, subs, f.DeliveryTimeout, func() bool { return len(termed) > 0 && controls > 0 }, settle) {
+		closeOK(t, "subscriber", s)
+		t.Fatalf("poison and control not both delivered (poison %d, control %d)", len(termed), controls)
+	}
+	if f.AckWait > 0 {
+		// The control comes back after the ack wait; then watch as long
+		// again: the poison, delivered at the same time, would be back by
+		// then if the Term had been ignored.
+		if !watch(t, subs, f.RedeliveryTimeout, func() bool { return controls > 1 }, settle) {
+			closeOK(t, "subscriber", s)
+			t.Fatalf("the unsettled control message did not come back within %s: the case cannot tell a Term from a slow redelivery (is Features.AckWait right?)", f.RedeliveryTimeout)
+		}
+		watch(t, subs, f.pastRedelivery(), nil, settle)
+		if len(poisonAgain) > 0 {
+			closeOK(t, "subscriber", s)
+			t.Fatalf("terminated message %s delivered again (delivery %d) after the ack wait", poison.ID, poisonAgain[0].Delivery)
+		}
+	}
+	closeOK(t, "subscriber", s)
+	if !f.RedeliverAfterClose {
+		return
+	}
+	// The next member of the group gets the control (never settled) and
+	// never the poison.
+	s2 := newSub(t, env, "g")
+	defer closeOK(t, "subscriber", s2)
+	seen := controls
+	ackControl = true
+	subs = []broker.Subscriber{s2}
+	if !watch(t, subs, f.RedeliveryTimeout+f.DeliveryTimeout, func() bool { return controls > seen }, settle) {
+		t.Fatalf("the unsettled control message never reached the group's next member")
+	}
+	watch(t, subs, f.pastRedelivery(), nil, settle)
+	if len(poisonAgain) > 0 {
+		t.Fatalf("terminated message %s delivered again to the group's next member (delivery %d)", poison.ID, poisonAgain[0].Delivery)
 	}
 }
 
+// testInProgress: a delivery kept alive with InProgress past the ack wait
+// is not redelivered, to its subscriber or to another member of the group,
+// while a control message held as long without InProgress is: proof the
+// case waited long enough.
 func testInProgress(t *testing.T, env Env, f Features) {
+	if f.AckWait <= 0 {
+		t.Skip("Features.AckWait is 0: the broker never redelivers a delivery while its subscriber lives, so InProgress has nothing to hold back")
+	}
 	p := newPub(t, env)
 	defer closeOK(t, "publisher", p)
-	s := newSub(t, env, "g")
-	defer closeOK(t, "subscriber", s)
+	s1 := newSub(t, env, "g")
+	defer closeOK(t, "subscriber", s1)
 
-	sent := makeMsgs(env.Topic, "wip", 1, nil)
-	publish(t, p, sent...)
-	got := collect(t, s, collectTimeout, untilIDs(sent), func(m *broker.Message) {
-		ctx := ctxFor(t, 10*time.Second)
-		if err := m.Acker.InProgress(ctx); err != nil {
-			t.Fatalf("InProgress: %v", err)
+	kept := makeMsgs(env.Topic, "wip", 1, nil)[0]
+	control := makeMsgs(env.Topic, "wip-control", 1, nil)[0]
+	publish(t, p, kept, control)
+	var held *broker.Message
+	controls, keptAgain := 0, 0
+	settle := func(m *broker.Message) {
+		switch m.ID {
+		case kept.ID:
+			if held == nil {
+				held = m
+				return
+			}
+			keptAgain++
+			settleOK(t, "Ack", m, m.Acker.Ack(bg(t)))
+		case control.ID:
+			controls++ // never settled: it must come back after the ack wait
+		default:
+			settleOK(t, "Ack", m, m.Acker.Ack(bg(t)))
 		}
-		ack(t, m)
-	})
-	if len(got) == 0 {
-		t.Fatal("message never delivered")
 	}
+	if !watch(t, []broker.Subscriber{s1}, f.DeliveryTimeout, func() bool { return held != nil && controls > 0 }, settle) {
+		t.Fatal("messages never delivered")
+	}
+	// Keep it alive at a quarter of the ack wait for 2.5 ack waits.
+	stop := make(chan struct{})
+	beats := make(chan error, 1)
+	go func() {
+		tk := time.NewTicker(f.AckWait / 4)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				close(beats)
+				return
+			case <-tk.C:
+				if err := held.Acker.InProgress(bg(t)); err != nil {
+					select {
+					case beats <- err:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	subs := []broker.Subscriber{s1}
+	if f.ConsumerGroups {
+		s2 := newSub(t, env, "g")
+		defer closeOK(t, "subscriber", s2)
+		subs = append(subs, s2)
+	}
+	hold := 2*f.AckWait + f.AckWait/2
+	watch(t, subs, hold, nil, settle)
+	controlBack := watch(t, subs, f.RedeliveryTimeout, func() bool { return controls > 1 }, settle)
+	close(stop)
+	if err := <-beats; err != nil {
+		t.Fatalf("InProgress: %v", err)
+	}
+	if keptAgain > 0 {
+		t.Fatalf("message kept alive with InProgress was delivered again %d time(s) within %s", keptAgain, hold)
+	}
+	if !controlBack {
+		t.Fatalf("the control message held without InProgress did not come back within %s: the case cannot tell InProgress from a slow redelivery (is Features.AckWait right?)", hold+f.RedeliveryTimeout)
+	}
+	ack(t, held)
 }
 
 // testConsumerDeath: a subscriber fetches and dies (Close without
@@ -360,7 +479,7 @@ func testConsumerDeath(t *testing.T, env Env, f Features) {
 	sent := makeMsgs(env.Topic, "death", 10, nil)
 	publish(t, p, sent...)
 	s1 := newSub(t, env, "g")
-	first := collect(t, s1, collectTimeout, untilIDs(sent), nil)
+	first := collect(t, s1, f.DeliveryTimeout, untilIDs(sent), nil)
 	closeOK(t, "dying subscriber", s1)
 	if miss := missing(sent, first); len(miss) > 0 {
 		t.Fatalf("first subscriber got %d of %d messages", len(sent)-len(miss), len(sent))
@@ -368,7 +487,7 @@ func testConsumerDeath(t *testing.T, env Env, f Features) {
 
 	s2 := newSub(t, env, "g")
 	defer closeOK(t, "subscriber", s2)
-	got := collect(t, s2, f.RedeliveryTimeout+collectTimeout, untilIDs(sent), ackAll(t))
+	got := collect(t, s2, f.RedeliveryTimeout+f.DeliveryTimeout, untilIDs(sent), ackAll(t))
 	if miss := missing(sent, got); len(miss) > 0 {
 		t.Fatalf("%d of %d unsettled messages of a dead subscriber never redelivered", len(miss), len(sent))
 	}
@@ -393,7 +512,7 @@ func testNoAckBeforeEffect(t *testing.T, env Env, f Features) {
 	publish(t, p, sent...)
 	acked := make(map[string]bool)
 	s1 := newSub(t, env, "g")
-	first := collect(t, s1, collectTimeout, untilIDs(sent), nil)
+	first := collect(t, s1, f.DeliveryTimeout, untilIDs(sent), nil)
 	for _, m := range first {
 		// Ack in publish order so brokers that commit offsets (contiguous
 		// prefix) can commit the acked half.
@@ -410,7 +529,7 @@ func testNoAckBeforeEffect(t *testing.T, env Env, f Features) {
 	s2 := newSub(t, env, "g")
 	defer closeOK(t, "subscriber", s2)
 	rest := sent[5:]
-	got := collect(t, s2, f.RedeliveryTimeout+collectTimeout, untilIDs(rest), ackAll(t))
+	got := collect(t, s2, f.RedeliveryTimeout+f.DeliveryTimeout, untilIDs(rest), ackAll(t))
 	if miss := missing(rest, got); len(miss) > 0 {
 		t.Fatalf("%d of %d unacked messages never redelivered", len(miss), len(rest))
 	}
@@ -419,6 +538,7 @@ func testNoAckBeforeEffect(t *testing.T, env Env, f Features) {
 			t.Errorf("acked message %s was delivered again after Close", m.ID)
 		}
 	}
+	noneBack(t, s2, f, sent[:5], "acked")
 }
 
 func testOrdering(t *testing.T, env Env, f Features) {
@@ -434,7 +554,7 @@ func testOrdering(t *testing.T, env Env, f Features) {
 	for _, m := range sent {
 		publish(t, p, m)
 	}
-	got := collect(t, s, collectTimeout, untilIDs(sent), ackAll(t))
+	got := collect(t, s, f.DeliveryTimeout, untilIDs(sent), ackAll(t))
 	if miss := missing(sent, got); len(miss) > 0 {
 		t.Fatalf("%d of %d messages never delivered", len(miss), len(sent))
 	}
@@ -495,7 +615,7 @@ func testGroupSplit(t *testing.T, env Env, f Features) {
 	}
 
 	var sent []*broker.Message
-	deadline := time.Now().Add(f.RedeliveryTimeout + collectTimeout)
+	deadline := time.Now().Add(f.RedeliveryTimeout + f.DeliveryTimeout)
 	keys := 16
 	for round := 0; ; round++ {
 		batch := makeMsgs(env.Topic, fmt.Sprintf("split%d", round), 40, func(i int) []byte { return fmt.Appendf(nil, "key-%d", i%keys) })
@@ -541,6 +661,17 @@ func testGroupSplit(t *testing.T, env Env, f Features) {
 	if len(got[0]) == 0 || len(got[1]) == 0 {
 		t.Fatalf("group did not split the work: subscriber 0 got %d, subscriber 1 got %d", len(got[0]), len(got[1]))
 	}
+	// A rebalance may hand a few messages to both; a group whose members
+	// each get everything does not split anything.
+	both := 0
+	for _, m := range sent {
+		if got[0][m.ID] > 0 && got[1][m.ID] > 0 {
+			both++
+		}
+	}
+	if 2*both > len(sent) {
+		t.Fatalf("group did not split the work: %d of %d messages went to both subscribers", both, len(sent))
+	}
 }
 
 func testGroupFanOut(t *testing.T, env Env, f Features) {
@@ -554,7 +685,7 @@ func testGroupFanOut(t *testing.T, env Env, f Features) {
 	sent := makeMsgs(env.Topic, "fan", 20, nil)
 	publish(t, p, sent...)
 	for name, s := range map[string]broker.Subscriber{"group-a": sa, "group-b": sb} {
-		got := collect(t, s, collectTimeout, untilIDs(sent), ackAll(t))
+		got := collect(t, s, f.DeliveryTimeout, untilIDs(sent), ackAll(t))
 		if miss := missing(sent, got); len(miss) > 0 {
 			t.Errorf("%s got %d of %d messages", name, len(sent)-len(miss), len(sent))
 		}

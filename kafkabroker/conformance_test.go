@@ -50,6 +50,7 @@ func TestConformance(t *testing.T) {
 		RedeliverAfterClose: true,
 		MaxPayload:          1000 << 10, // Kafka's default message.max.bytes is 1048588
 		RedeliveryTimeout:   15 * time.Second,
+		AckWait:             0, // no ack wait: a delivery stays with its member until it leaves the group
 		NakDelay:            300 * time.Millisecond,
 		LeakOptions:         kfakeConnGoroutines(),
 	})

@@ -9,8 +9,13 @@
 // Subscriber reads one durable pull consumer (the consumer group) with
 // explicit acks only: nothing is acked until the caller's handler says so.
 // AckWait, MaxDeliver and BackOff are the consumer's; Nak maps to
-// NakWithDelay, Term to TermWithReason, InProgress to the +WPI heartbeat
-// that resets AckWait. RedeliveryWindow reports AckWait*MaxDeliver (or the
+// NakWithDelay, InProgress to the +WPI heartbeat that resets AckWait, Term
+// to TermWithReason on servers from 2.10.4 and to a plain +TERM on older
+// ones (which ignore a term carrying a reason; the version is read from the
+// connection at each Term). NewSubscriber refuses servers older than
+// MinServerVersion (2.9.0). MaxDeliveries reports the consumer's MaxDeliver
+// (broker.DeliveryLimiter), so the consumer runtime dead-letters a message
+// on its last delivery. RedeliveryWindow reports AckWait*MaxDeliver (or the
 // sum of the BackOff steps) so the guard can warn when records expire
-// sooner. The caller owns the NATS connection.
+// sooner. The caller owns the NATS connection. See docs/natsbroker.md.
 package natsbroker

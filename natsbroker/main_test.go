@@ -2,6 +2,7 @@ package natsbroker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -22,39 +24,129 @@ func natsURL() string {
 	return "nats://127.0.0.1:4222"
 }
 
+// natsServer is one JetStream server the tests run against.
+type natsServer struct {
+	name string // "shared 2.9.10", "embedded 2.15.3"
+	nc   *nats.Conn
+	js   jetstream.JetStream
+}
+
 var (
+	// shared is the machine's server (NATS_URL), embedded a current
+	// release started in this process: the adapter must work on both.
+	shared, embedded *natsServer
+	// nc and js are shared's, for the tests that run on one server.
 	nc *nats.Conn
 	js jetstream.JetStream
 )
 
-func TestMain(m *testing.M) {
-	var err error
-	nc, err = nats.Connect(natsURL(), nats.Timeout(5*time.Second))
+// servers lists the servers the cross-version tests run on.
+func servers() []*natsServer { return []*natsServer{shared, embedded} }
+
+func connect(name, url string) (*natsServer, error) {
+	c, err := nats.Connect(url, nats.Timeout(5*time.Second))
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "natsbroker tests need JetStream at %s: %v\n", natsURL(), err)
-		os.Exit(1)
+		return nil, fmt.Errorf("natsbroker tests need JetStream at %s: %w", url, err)
 	}
-	js, err = jetstream.New(nc)
+	j, err := jetstream.New(c)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		c.Close()
+		return nil, err
 	}
+	s := &natsServer{name: name + " " + c.ConnectedServerVersion(), nc: c, js: j}
 	// The first async publish starts the JetStream context's reply
 	// subscription, which lives as long as js; start it now so the
 	// per-test leak checks do not see it as new.
-	if err := warmUp(); err != nil {
+	if err := s.warmUp(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// startEmbedded runs a current nats-server (the module's
+// github.com/nats-io/nats-server/v2) in this process, JetStream on, its
+// store in a fresh temporary directory, on a free loopback port.
+func startEmbedded() (*server.Server, string, error) {
+	dir, err := os.MkdirTemp("", "natsbroker-js-")
+	if err != nil {
+		return nil, "", err
+	}
+	s, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir,
+		NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", err
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		os.RemoveAll(dir)
+		return nil, "", errors.New("embedded nats-server not ready within 10s")
+	}
+	return s, dir, nil
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	if shared, err = connect("shared", natsURL()); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
+	}
+	nc, js = shared.nc, shared.js
+	srv, dir, err := startEmbedded()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "embedded nats-server:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if embedded, err = connect("embedded", srv.ClientURL()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	code := m.Run()
-	nc.Close()
+	shared.nc.Close()
+	embedded.nc.Close()
+	srv.Shutdown()
+	srv.WaitForShutdown()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(embeddedServerGoroutines()...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
+}
+
+// embeddedServerGoroutines ignores the embedded server's own goroutines,
+// which start with each stream and consumer and end a moment after they
+// are deleted (or the server shuts down): the leak checks are about the
+// adapter's goroutines.
+func embeddedServerGoroutines() []goleak.Option {
+	const pkg = "github.com/nats-io/nats-server/v2/server"
+	var opts []goleak.Option
+	for _, f := range []string{
+		".(*Server).startGoRoutine.func1",
+		".(*stream).signalConsumersLoop",
+		".(*stream).internalLoop",
+		".(*fileStore).flushStreamStateLoop",
+		".(*consumerFileStore).flushLoop",
+		".(*consumer).processInboundAcks",
+		".(*consumer).processInboundNextMsgReqs",
+		".(*consumer).loopAndGatherMsgs",
+		".(*msgBlock).spinUpFlushLoop",
+		".(*fileStore).flushLoop",
+		"/ats.Register.func1",
+	} {
+		opts = append(opts, goleak.IgnoreAnyFunction(pkg+f))
+	}
+	return opts
 }
 
 var seq atomic.Int64
@@ -68,9 +160,15 @@ func uniqueName(t testing.TB, prefix string) string {
 	return fmt.Sprintf("%s_%s_%d_%d", prefix, n, time.Now().UnixNano()%1e9, seq.Add(1))
 }
 
+// newStream creates a stream on the shared server (see newStreamOn).
+func newStream(t testing.TB, mutate func(*jetstream.StreamConfig)) string {
+	t.Helper()
+	return shared.newStream(t, mutate)
+}
+
 // newStream creates a stream on subject(s) `name.>` and `name`, deleted in
 // cleanup.
-func newStream(t testing.TB, mutate func(*jetstream.StreamConfig)) string {
+func (s *natsServer) newStream(t testing.TB, mutate func(*jetstream.StreamConfig)) string {
 	t.Helper()
 	name := uniqueName(t, "idemtest")
 	cfg := jetstream.StreamConfig{
@@ -83,20 +181,21 @@ func newStream(t testing.TB, mutate func(*jetstream.StreamConfig)) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatalf("create stream %s: %v", name, err)
+	if _, err := s.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatalf("create stream %s on %s: %v", name, s.name, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := js.DeleteStream(ctx, name); err != nil {
-			t.Errorf("delete stream %s: %v", name, err)
+		if err := s.js.DeleteStream(ctx, name); err != nil {
+			t.Errorf("delete stream %s on %s: %v", name, s.name, err)
 		}
 	})
 	return name
 }
 
-func warmUp() error {
+func (s *natsServer) warmUp() error {
+	js := s.js
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	name := fmt.Sprintf("idemtest_warmup_%d", time.Now().UnixNano())

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +21,61 @@ import (
 // HeaderKey carries Message.Key, base64-encoded (headers are text; keys are
 // bytes). JetStream has no key field: ordering is per stream.
 const HeaderKey = "idem-key"
+
+// MinServerVersion is the oldest nats-server the Subscriber accepts: 2.9.0
+// brought the consumer create API (consumer name and filter subject in the
+// request subject) that nats.go's jetstream package uses. NewSubscriber
+// refuses an older server with ErrServerVersion.
+const MinServerVersion = "2.9.0"
+
+// termReasonVersion is the first nats-server that honours a +TERM carrying
+// a reason. Older servers ignore such a term altogether: the message comes
+// back every AckWait until MaxDeliver.
+const termReasonVersion = "2.10.4"
+
+// ErrServerVersion: the connected server is older than MinServerVersion.
+var ErrServerVersion = errors.New("natsbroker: nats-server older than " + MinServerVersion)
+
+// serverVersion is a nats-server version's major, minor and patch.
+type serverVersion [3]int
+
+// parseVersion reads "2.10.4", "v2.10.4" or "2.11.0-RC.1" (pre-release
+// and build suffixes are ignored).
+func parseVersion(s string) (serverVersion, bool) {
+	s = strings.TrimPrefix(s, "v")
+	if i := strings.IndexAny(s, "-+"); i >= 0 {
+		s = s[:i]
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) != 3 {
+		return serverVersion{}, false
+	}
+	var v serverVersion
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			return serverVersion{}, false
+		}
+		v[i] = n
+	}
+	return v, true
+}
+
+// atLeast reports whether version string have is min or newer; an unknown
+// or unreadable version is not.
+func atLeast(have, min string) bool {
+	h, ok := parseVersion(have)
+	m, _ := parseVersion(min)
+	if !ok {
+		return false
+	}
+	for i := range h {
+		if h[i] != m[i] {
+			return h[i] > m[i]
+		}
+	}
+	return true
+}
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
@@ -179,6 +236,14 @@ type SubscriberConfig struct {
 	// PollWait is the longest one pull request waits on the server.
 	// Default 5s.
 	PollWait time.Duration
+	// NoTermReason makes Term send a plain +TERM even to servers that
+	// accept a reason (2.10.4 and later); the reason is then only logged
+	// here. Without it the reason goes to the server's MSG_TERMINATED
+	// advisory where the connected server is new enough. Set it during a
+	// rolling upgrade of a cluster from a server before 2.10.4: acks are
+	// processed by the consumer's leader, which may still run the old
+	// version (and ignore the term) while the connected server is new.
+	NoTermReason bool
 	// AckSync makes Ack wait for the server's confirmation (DoubleAck).
 	// Off by default: a lost ack only causes a redelivery, which the guard
 	// absorbs, and Close flushes pending acks.
@@ -249,6 +314,7 @@ func (c SubscriberConfig) RedeliveryWindow() time.Duration {
 type Subscriber struct {
 	cfg      SubscriberConfig
 	cons     jetstream.Consumer
+	maxDel   int // the consumer's MaxDeliver as the server holds it
 	closeCtx context.Context
 	close    context.CancelFunc
 	once     sync.Once
@@ -256,11 +322,18 @@ type Subscriber struct {
 
 // NewSubscriber creates (or updates) the durable consumer and returns a
 // subscriber on it. Several subscribers with one Durable share its work.
+// It returns ErrServerVersion when the connected server is older than
+// MinServerVersion.
 func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	if nc := cfg.JS.Conn(); nc != nil {
+		if v := nc.ConnectedServerVersion(); v != "" && !atLeast(v, MinServerVersion) {
+			return nil, fmt.Errorf("%w: connected to %s", ErrServerVersion, v)
+		}
+	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       cfg.Durable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -275,12 +348,22 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 	if err != nil {
 		return nil, fmt.Errorf("natsbroker: consumer %s on stream %s: %w", cfg.Durable, cfg.Stream, err)
 	}
+	maxDel := cfg.MaxDeliver
+	if info := cons.CachedInfo(); info != nil {
+		maxDel = info.Config.MaxDeliver
+	}
 	cctx, cancel := context.WithCancel(context.Background())
-	return &Subscriber{cfg: cfg, cons: cons, closeCtx: cctx, close: cancel}, nil
+	return &Subscriber{cfg: cfg, cons: cons, maxDel: maxDel, closeCtx: cctx, close: cancel}, nil
 }
 
 // RedeliveryWindow implements broker.Subscriber.
 func (s *Subscriber) RedeliveryWindow() time.Duration { return s.cfg.RedeliveryWindow() }
+
+// MaxDeliveries is the consumer's MaxDeliver as the server holds it (0 for
+// unlimited): JetStream stops delivering a message after that many
+// deliveries, so the consumer runtime dead-letters a message on its last
+// delivery instead of handing it back (broker.DeliveryLimiter).
+func (s *Subscriber) MaxDeliveries() int { return max(s.maxDel, 0) }
 
 // Fetch returns what is available at once (up to max) or waits for the
 // first message, polling the server at most PollWait per request.
@@ -359,7 +442,7 @@ func (s *Subscriber) convert(jm jetstream.Msg) *broker.Message {
 		Topic:    jm.Subject(),
 		Payload:  jm.Data(),
 		Delivery: 1,
-		Acker:    &acker{m: jm, sync: s.cfg.AckSync},
+		Acker:    &acker{m: jm, s: s},
 	}
 	if len(h) > 0 {
 		m.Headers = make(map[string]string, len(h))
@@ -408,7 +491,7 @@ func (s *Subscriber) Close() error {
 
 type acker struct {
 	m       jetstream.Msg
-	sync    bool
+	s       *Subscriber
 	settled atomic.Bool
 }
 
@@ -428,7 +511,7 @@ func (a *acker) settle(ctx context.Context, f func() error) error {
 
 func (a *acker) Ack(ctx context.Context) error {
 	return a.settle(ctx, func() error {
-		if a.sync {
+		if a.s.cfg.AckSync {
 			return a.m.DoubleAck(ctx)
 		}
 		return a.m.Ack()
@@ -444,8 +527,28 @@ func (a *acker) Nak(ctx context.Context, delay time.Duration) error {
 	})
 }
 
+// Term sends +TERM with the reason where the connected server honours one
+// (2.10.4 and later), and a plain +TERM otherwise: older servers ignore a
+// term that carries a reason and would redeliver the message every AckWait
+// until MaxDeliver. The version is read at each call, so a reconnect to
+// another server is followed.
 func (a *acker) Term(ctx context.Context, reason string) error {
-	return a.settle(ctx, func() error { return a.m.TermWithReason(reason) })
+	return a.settle(ctx, func() error {
+		if a.s.termWithReason() {
+			return a.m.TermWithReason(reason)
+		}
+		a.s.cfg.Logger.Debug("natsbroker: plain term (the server takes no reason)", "stream", a.s.cfg.Stream, "durable", a.s.cfg.Durable, "reason", reason)
+		return a.m.Term()
+	})
+}
+
+// termWithReason reports whether a term may carry its reason.
+func (s *Subscriber) termWithReason() bool {
+	if s.cfg.NoTermReason {
+		return false
+	}
+	nc := s.cfg.JS.Conn()
+	return nc != nil && atLeast(nc.ConnectedServerVersion(), termReasonVersion)
 }
 
 func (a *acker) InProgress(ctx context.Context) error {

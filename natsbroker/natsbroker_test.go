@@ -2,12 +2,16 @@ package natsbroker_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/natsbroker"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -200,5 +204,92 @@ func TestTracePropagates(t *testing.T) {
 	}
 	if tc, ok := broker.TraceFromContext(broker.ExtractTrace(ctx, got["a"])); !ok || tc.TraceID() != "4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Fatalf("extracted %+v", tc)
+	}
+}
+
+// TestTermOnEveryServer: Term stops redelivery on the machine's 2.9.10 and
+// on a current server. On 2.9.10 a +TERM carrying a reason is ignored (the
+// message came back every AckWait until MaxDeliver), so the adapter sends a
+// plain one there; the server's MSG_TERMINATED advisory shows which went
+// out: with the reason from 2.10.4 on, without it before.
+func TestTermOnEveryServer(t *testing.T) {
+	for _, srv := range servers() {
+		t.Run(srv.name, func(t *testing.T) {
+			stream := srv.newStream(t, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			advisories := make(chan *nats.Msg, 4)
+			adv, err := srv.nc.ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED."+stream+".g", advisories)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer adv.Unsubscribe()
+			p, _ := natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: srv.js})
+			defer p.Close()
+			if err := p.Publish(ctx, &broker.Message{ID: "poison", Topic: stream}); err != nil {
+				t.Fatal(err)
+			}
+			const ackWait = time.Second
+			s, err := natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{JS: srv.js, Stream: stream, Durable: "g", AckWait: ackWait, PollWait: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			msgs, err := s.Fetch(ctx, 1)
+			if err != nil || len(msgs) != 1 {
+				t.Fatalf("Fetch: %v, %d messages", err, len(msgs))
+			}
+			if err := msgs[0].Acker.Term(ctx, "poison: bad payload"); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case m := <-advisories:
+				var a struct {
+					Reason string `json:"reason"`
+				}
+				if err := json.Unmarshal(m.Data, &a); err != nil {
+					t.Fatal(err)
+				}
+				want := "poison: bad payload"
+				if v := srv.nc.ConnectedServerVersion(); strings.HasPrefix(v, "2.9.") || strings.HasPrefix(v, "2.10.") && v < "2.10.4" {
+					want = "" // a server that takes no reason got a plain +TERM
+				}
+				if a.Reason != want {
+					t.Errorf("advisory reason %q, want %q", a.Reason, want)
+				}
+			case <-ctx.Done():
+				t.Fatal("no MSG_TERMINATED advisory: the server did not take the term")
+			}
+			// Past three ack waits: nothing comes back.
+			fctx, fcancel := context.WithTimeout(ctx, 3*ackWait+500*time.Millisecond)
+			defer fcancel()
+			if again, _ := s.Fetch(fctx, 1); len(again) > 0 {
+				t.Fatalf("terminated message delivered again (delivery %d)", again[0].Delivery)
+			}
+		})
+	}
+}
+
+// TestMaxDeliveries: the subscriber reports the consumer's delivery limit
+// as the server holds it, 0 for unlimited, so the consumer runtime never
+// hands a message on its last delivery back.
+func TestMaxDeliveries(t *testing.T) {
+	for _, tc := range []struct {
+		set, want int
+	}{{0, 20}, {5, 5}, {-1, 0}} {
+		t.Run(fmt.Sprint(tc.set), func(t *testing.T) {
+			stream := newStream(t, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{JS: js, Stream: stream, Durable: "g", MaxDeliver: tc.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var lim interface{ MaxDeliveries() int } = s
+			if got := lim.MaxDeliveries(); got != tc.want {
+				t.Fatalf("MaxDeliveries() = %d, want %d", got, tc.want)
+			}
+		})
 	}
 }
