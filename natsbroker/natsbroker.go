@@ -565,6 +565,7 @@ func (a *acker) InProgress(ctx context.Context) error {
 }
 
 var (
-	_ broker.Publisher  = (*Publisher)(nil)
-	_ broker.Subscriber = (*Subscriber)(nil)
+	_ broker.Publisher       = (*Publisher)(nil)
+	_ broker.Subscriber      = (*Subscriber)(nil)
+	_ broker.DeliveryLimiter = (*Subscriber)(nil)
 )

@@ -286,7 +286,7 @@ func TestMaxDeliveries(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			var lim interface{ MaxDeliveries() int } = s
+			var lim broker.DeliveryLimiter = s
 			if got := lim.MaxDeliveries(); got != tc.want {
 				t.Fatalf("MaxDeliveries() = %d, want %d", got, tc.want)
 			}
