@@ -175,26 +175,30 @@ func (s *Store) fetch(ctx context.Context, c redis.Cmdable, keys []string) ([]id
 	for i, k := range keys {
 		cmds[i] = pipe.Get(ctx, k)
 	}
-	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return nil, nil, mapErr(ctx, err, "list", false)
-	}
+	_, _ = pipe.Exec(ctx) // errors are read per command below
 	var recs []idem.Record
 	var rks []string
 	for i, cmd := range cmds {
-		v, err := cmd.Result()
-		if err == redis.Nil {
-			continue // expired since the SCAN
-		}
-		if err != nil {
-			return nil, nil, mapErr(ctx, err, "list", false)
-		}
 		uk, ok := s.userKey(keys[i])
 		if !ok {
 			continue
 		}
-		r, err := parseRecord(uk, v)
+		v, err := cmd.Result()
+		if err == redis.Nil {
+			continue // expired since the SCAN
+		}
+		if err != nil && !isWrongType(err) {
+			return nil, nil, mapErr(ctx, err, "list", false)
+		}
+		var r idem.Record
+		if err == nil {
+			r, err = parseRecord(uk, v)
+		}
 		if err != nil {
-			return nil, nil, err
+			// Not a record of ours (ErrCorrupt): not in progress either.
+			// Claims of that key fail with ErrCorrupt until it is deleted.
+			s.cfg.Logger.Warn("redisstore: list: skipping a value that is not a record", "key", string(trunc(uk)), "err", err)
+			continue
 		}
 		recs = append(recs, r)
 		rks = append(rks, keys[i])
@@ -227,11 +231,12 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 				for i, k := range keys {
 					cmds[i] = pipe.GetRange(ctx, k, 0, 2) // "<version>|<state>"
 				}
-				if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-					return st, mapErr(ctx, err, "stats", false)
-				}
+				_, _ = pipe.Exec(ctx) // errors are read per command below
 				for _, c := range cmds {
-					v := c.Val()
+					if err := c.Err(); err != nil && err != redis.Nil && !isWrongType(err) {
+						return st, mapErr(ctx, err, "stats", false)
+					}
+					v := c.Val() // not a record of ours (another type, bad bytes): not counted
 					if len(v) != 3 || v[1] != '|' || v[0] != '2' && v[0] != '3' {
 						continue
 					}

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/redisstore/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
 // call is one script run.
 type call struct {
-	script *redis.Script
+	script *script.Script
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd
@@ -23,10 +24,12 @@ type call struct {
 
 // run executes calls in one round trip (a pipeline of EVALSHA; a
 // ClusterClient splits it by node and keeps the order per node). Scripts
-// missing from a node's cache (NOSCRIPT: restart, SCRIPT FLUSH) are re-sent
-// with EVAL in a second round trip, in order. With WaitReplicas, a WAIT
-// follows the scripts on the same connection; on a cluster that means one
-// pipeline per master, run in parallel.
+// missing from a node's cache (NOSCRIPT: restart, SCRIPT FLUSH; such a
+// script did not run) are re-sent with EVAL in a second round trip, in
+// order. go-redis never re-sends a script (package internal/script): a
+// lost reply is an error, mapped onto idem.ErrUnknownOutcome. With
+// WaitReplicas, a WAIT follows the scripts on the same connection; on a
+// cluster that means one pipeline per master, run in parallel.
 func (s *Store) run(ctx context.Context, calls []*call, op string) error {
 	if len(calls) == 1 && s.cfg.WaitReplicas == 0 {
 		c := calls[0]
@@ -72,7 +75,7 @@ func (s *Store) pipeline(ctx context.Context, p pipeliner, calls []*call, op str
 				applied++
 				continue
 			}
-			if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if attempt == 0 && script.NoScript(err) {
 				retry = append(retry, c)
 				continue
 			}
@@ -173,14 +176,14 @@ type batchGroup struct {
 // scripts in order).
 type batcher struct {
 	s       *Store
-	script  *redis.Script
+	script  *script.Script
 	groups  []*batchGroup
 	byShard map[string]*batchGroup
 	cur     *batchGroup
 }
 
-func (s *Store) newBatcher(script *redis.Script) *batcher {
-	return &batcher{s: s, script: script, byShard: map[string]*batchGroup{}}
+func (s *Store) newBatcher(sc *script.Script) *batcher {
+	return &batcher{s: s, script: sc, byShard: map[string]*batchGroup{}}
 }
 
 // add puts entry i of shard sh (carrying size bytes of payload) in a group
@@ -326,17 +329,27 @@ func decodeClaims(cmd *redis.Cmd, reqs []idem.ClaimRequest) ([]idem.BatchResult,
 		i, _ := e[0].(int64)
 		code, _ := e[1].(int64)
 		raw, ok := e[2].(string)
-		if !ok || i < 0 || i >= int64(len(reqs)) || listed[i] || code != 9 && (code < 1 || code > 4) {
+		if !ok || i < 0 || i >= int64(len(reqs)) || listed[i] || code < 1 || code > 9 || code == 5 || code == 6 {
 			return nil, fmt.Errorf("redisstore: claim: unexpected entry %v %v %v", e[0], e[1], e[2])
 		}
 		listed[i] = true
-		if code == 9 {
+		// Per-key errors: the script wrote nothing to this key and went on
+		// with the others.
+		switch code {
+		case 9:
 			out[i].Err = fmt.Errorf("%w: key %q", idem.ErrFingerprintMismatch, trunc(reqs[i].Key))
+			continue
+		case 8:
+			out[i].Err = corruptErr(reqs[i].Key, raw)
+			continue
+		case 7:
+			out[i].Err = fmt.Errorf("redisstore: claim: key %q: the script rejected its arguments", trunc(reqs[i].Key))
 			continue
 		}
 		rec, err := parseRecord(reqs[i].Key, raw)
 		if err != nil {
-			return nil, err
+			out[i].Err = err
+			continue
 		}
 		out[i].Claim = idem.Claim{Outcome: idem.Outcome(code), Record: rec}
 	}
@@ -351,7 +364,7 @@ func decodeClaims(cmd *redis.Cmd, reqs []idem.ClaimRequest) ([]idem.BatchResult,
 // freshRecord is the record claimScript wrote for r with token tok at now
 // (unix ms): the one parseRecord would return for it.
 func freshRecord(r idem.ClaimRequest, tok uint64, now int64) idem.Record {
-	lease, ttl := r.Lease.Milliseconds(), r.TTL.Milliseconds()
+	lease, ttl := msUp(r.Lease), msUp(r.TTL)
 	var fp []byte
 	if len(r.Fingerprint) > 0 {
 		fp = append([]byte(nil), r.Fingerprint...)
@@ -370,11 +383,21 @@ func freshRecord(r idem.ClaimRequest, tok uint64, now int64) idem.Record {
 	}
 }
 
+// corruptErr is the per-key error of a value that is not a record of this
+// store; why is what is wrong with it (a Redis error such as WRONGTYPE, or
+// the part of the record that does not parse).
+func corruptErr(key []byte, why string) error {
+	if why == "" {
+		return fmt.Errorf("%w: key %q", ErrCorrupt, trunc(key))
+	}
+	return fmt.Errorf("%w: key %q: %s", ErrCorrupt, trunc(key), why)
+}
+
 // parseRecord decodes the record format written by the scripts (see
 // scripts.go).
 func parseRecord(key []byte, v string) (idem.Record, error) {
 	bad := func(what string) (idem.Record, error) {
-		return idem.Record{}, fmt.Errorf("redisstore: key %q: corrupt record (%s)", trunc(key), what)
+		return idem.Record{}, corruptErr(key, what)
 	}
 	var f [13]string
 	rest := v
@@ -397,13 +420,16 @@ func parseRecord(key []byte, v string) (idem.Record, error) {
 	}
 	// n[i] is field i: 2 token, 3 attempts, 4-9 times (pos), 10 ttl,
 	// 11 len(f), 12 len(e).
+	// Digits only, as the scripts' parser (Lua %d+) reads them, and a token
+	// of at most 16 digits: a takeover writes the record's token + 1 to the
+	// counter, so the scripts refuse a longer one rather than poison it.
 	var n [13]int64
 	for i := 2; i < len(f); i++ {
-		x, err := strconv.ParseInt(f[i], 10, 64)
-		if err != nil || x < 0 {
+		x, err := strconv.ParseUint(f[i], 10, 63)
+		if err != nil || i == 2 && len(f[i]) > 16 {
 			return bad("field " + strconv.Itoa(i))
 		}
-		n[i] = x
+		n[i] = int64(x)
 	}
 	fl, el := n[11], n[12]
 	if fl+el > int64(len(rest)) {

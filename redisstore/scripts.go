@@ -1,6 +1,6 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import "github.com/idem-dev/idem/redisstore/internal/script"
 
 // A record is one string key (see docs/redisstore.md for why not a hash):
 //
@@ -47,7 +47,10 @@ import "github.com/redis/go-redis/v9"
 
 // luaPrelude is shared by every script: the time as numbers and as digit
 // strings, and the record parser. parse returns nil for anything that is
-// not a version 2 or 3 record.
+// not a version 2 or 3 record (unknown state, lengths past the end, or a
+// token of more than 16 digits, which a takeover would carry into the
+// counter). parseRecord in Go accepts exactly the same values
+// (TestScriptAndDecoderAgree).
 const luaPrelude = `
 local tm = redis.call('TIME')
 local us6 = string.sub('00000' .. tm[2], -6)
@@ -66,10 +69,10 @@ local function parse(v)
     return nil
   end
   local fn, en = tonumber(fl), tonumber(el)
+  if p + fn + en - 1 > #v or #t > 16 or not string.find('pcfr', s, 1, true) then return nil end
   return {s = s, t = t, a = a, lb = lb, ld = ld, xb = xb, xd = xd, c = c, d = d, fl = fl, el = el,
     f = string.sub(v, p, p + fn - 1), e = string.sub(v, p + fn, p + fn + en - 1)}
 end
-local function corrupt(k) return redis.error_reply('idem: corrupt record at ' .. k) end
 `
 
 // claimScript claims n keys in order. KEYS: counter, record1, record2...
@@ -80,11 +83,24 @@ local function corrupt(k) return redis.error_reply('idem: corrupt record at ' ..
 // that did not get a new record with that token, i counting from 0}; a key not listed was
 // acquired fresh: the client builds its record from the token, the time and
 // its own request. Codes: 1 acquired (a takeover), 2 completed, 3 in
-// progress, 4 failed, 9 fingerprint mismatch (record then empty).
+// progress, 4 failed, 9 fingerprint mismatch (record then empty), 8 the
+// key holds no record of ours (record then the Redis error, if any), 7 bad
+// arguments.
 //
 // The usual path for a key is one SET NX GET: it writes the new record and
 // tells in the same call whether one was there.
-var claimScript = redis.NewScript(luaPrelude + `
+//
+// No key's trouble stops the script: a script that fails half way keeps
+// the writes it made (Redis has no rollback), which would leave the keys
+// before the bad one in progress, held by nobody, and fail every caller
+// sharing the script. So every write is the key's own check-and-write or
+// follows a check of that key alone: SET NX GET writes nothing when a value
+// is there, and is called with pcall because on a key of another type it
+// fails (WRONGTYPE) without writing; a value that is not a record is
+// reported (code 8) and left alone. The counter is read and written
+// first, before any record, so an error there (a counter of another type)
+// fails the script before it wrote anything.
+var claimScript = script.New(luaPrelude + `
 local tok = nowusS
 local old = redis.call('SET', KEYS[1], tok, 'GET')
 local top = nowus
@@ -101,37 +117,42 @@ local out = {tok, nowmsS}
 local n = 2
 for i = 2, #KEYS do
   local rk, tail, px = KEYS[i], ARGV[2*i-3], ARGV[2*i-2]
-  local cur = redis.call('SET', rk, pre .. tail, 'NX', 'GET', 'PX', px)
+  local cur = redis.pcall('SET', rk, pre .. tail, 'NX', 'GET', 'PX', px)
   if cur then
-    local h = parse(cur)
-    if not h then return corrupt(rk) end
+    local code, rec = 8, ''
+    local h = type(cur) == 'string' and parse(cur)
     local lease, _, ttl, fl, fpos = string.match(tail, '^(%d+)|(%d+)|(%d+)|(%d+)|0|()')
-    if not fpos then return redis.error_reply('idem: bad claim arguments') end
-    local fp = string.sub(tail, fpos)
-    local code, rec = 1, cur
-    if fp ~= '' and h.f ~= '' and h.f ~= fp then
-      code, rec = 9, ''
-    elseif h.s == 'c' then
-      code = 2
-    elseif h.s == 'f' then
-      code = 4
-    elseif h.s == 'p' and tonumber(h.lb) + tonumber(h.ld) > nowms then
-      code = 3
+    if not h then
+      if type(cur) == 'table' then rec = tostring(cur.err) end
+    elseif not fpos then
+      code = 7
     else
-      -- Takeover: released, or its lease ran out.
-      local t = tok
-      local ht = tonumber(h.t)
-      if ht >= tonumber(t) then
-        if ht >= top then top = ht end
-        top = top + 1
-        t = S(top)
-        redis.call('SET', KEYS[1], t)
+      local fp = string.sub(tail, fpos)
+      code, rec = 1, cur
+      if fp ~= '' and h.f ~= '' and h.f ~= fp then
+        code, rec = 9, ''
+      elseif h.s == 'c' then
+        code = 2
+      elseif h.s == 'f' then
+        code = 4
+      elseif h.s == 'p' and tonumber(h.lb) + tonumber(h.ld) > nowms then
+        code = 3
+      else
+        -- Takeover: released, or its lease ran out.
+        local t = tok
+        local ht = tonumber(h.t)
+        if ht >= tonumber(t) then
+          if ht >= top then top = ht end
+          top = top + 1
+          t = S(top)
+          redis.call('SET', KEYS[1], t)
+        end
+        local f, flen = h.f, h.fl
+        if f == '' then f, flen = fp, fl end
+        rec = '3|p|' .. t .. '|' .. S(tonumber(h.a) + 1) .. '|' .. nowmsS .. '|' .. nowmsS .. '|' .. h.c .. '|' ..
+          nowmsS .. '|' .. lease .. '|' .. px .. '|' .. ttl .. '|' .. flen .. '|' .. h.el .. '|' .. f .. h.e
+        redis.call('SET', rk, rec, 'PX', px)
       end
-      local f, flen = h.f, h.fl
-      if f == '' then f, flen = fp, fl end
-      rec = '3|p|' .. t .. '|' .. S(tonumber(h.a) + 1) .. '|' .. nowmsS .. '|' .. nowmsS .. '|' .. h.c .. '|' ..
-        nowmsS .. '|' .. lease .. '|' .. px .. '|' .. ttl .. '|' .. flen .. '|' .. h.el .. '|' .. f .. h.e
-      redis.call('SET', rk, rec, 'PX', px)
     end
     out[n+1], out[n+2], out[n+3] = i - 2, code, rec
     n = n + 3
@@ -144,12 +165,13 @@ return out
 // of Complete (c), Release (r), Fail (f) and Extend (e) with a token: arg is
 // the result, cause or lease ms, alen the cause's length (the client sends
 // it: see the record format above). It returns 1 done, 0 not found, -1
-// fenced, -2 corrupt record, -3 unknown op. updateScript runs it once,
+// fenced, -2 not a record of ours (nothing written), -3 unknown op. updateScript runs it once,
 // completeBatchScript once per entry.
 const luaUpdate = `
 local function update(rk, op, tok, arg, alen)
-  local v = redis.call('GET', rk)
+  local v = redis.pcall('GET', rk)
   if not v then return 0 end
+  if type(v) == 'table' then return -2 end
   local h = parse(v)
   if not h then return -2 end
   if h.t ~= tok then return -1 end
@@ -180,19 +202,20 @@ end
 `
 
 // updateScript applies one op. KEYS: record. ARGV: op, token, arg, alen.
-// Returns update's code; a corrupt record or unknown op is an error reply.
-var updateScript = redis.NewScript(luaPrelude + luaUpdate + `
+// Returns update's code; an unknown op is an error reply.
+var updateScript = script.New(luaPrelude + luaUpdate + `
 local n = update(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-if n == -2 then return corrupt(KEYS[1]) end
 if n == -3 then return redis.error_reply('idem: unknown op ' .. ARGV[1]) end
 return n
 `)
 
 // completeBatchScript completes n records, each independently, in order.
 // KEYS: record1, record2... ARGV: token1, result1, token2, result2...
-// Returns one update code per key (a corrupt record is -2 for its entry
-// only, so the other entries are still settled and reported).
-var completeBatchScript = redis.NewScript(luaPrelude + luaUpdate + `
+// Returns one update code per key (a corrupt record or a key of another
+// type is -2 for its entry only, so the other entries are still settled and
+// reported: GET is called with pcall, WRONGTYPE must not stop the script
+// after earlier entries were written).
+var completeBatchScript = script.New(luaPrelude + luaUpdate + `
 local out = {}
 for i = 1, #KEYS do
   out[i] = update(KEYS[i], 'c', ARGV[2*i-1], ARGV[2*i], '')

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -26,6 +27,14 @@ type Store struct {
 	closed  atomic.Bool
 	co      *coalescer // nil with Config.NoCoalesce
 }
+
+// ErrCorrupt is wrapped by the error of a key whose record is not one
+// this store wrote: bytes it cannot parse, or a Redis value of another type
+// (WRONGTYPE). It is that key's own error: in a batch (or a coalesced
+// Claim) the other keys proceed. Nothing is written to such a key; Delete
+// removes it. It is neither idem.ErrUnavailable nor idem.ErrUnknownOutcome:
+// retrying does not help.
+var ErrCorrupt = errors.New("redisstore: corrupt record")
 
 var (
 	_ idem.Store          = (*Store)(nil)
@@ -199,7 +208,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 // claimArgs appends one key's ARGV of claimScript: the tail of its new
 // record, "ld|xd|ttl|len(fp)|0|<fp>", and px = xd.
 func claimArgs(args []any, req idem.ClaimRequest) []any {
-	lease, ttl := req.Lease.Milliseconds(), req.TTL.Milliseconds()
+	lease, ttl := msUp(req.Lease), msUp(req.TTL)
 	px := max(lease, ttl)
 	b := make([]byte, 0, 48+len(req.Fingerprint))
 	b = strconv.AppendInt(b, lease, 10)
@@ -212,6 +221,15 @@ func claimArgs(args []any, req idem.ClaimRequest) []any {
 	b = append(b, "|0|"...)
 	b = append(b, req.Fingerprint...)
 	return append(args, b, px)
+}
+
+// msUp is d in whole milliseconds rounded up, plus one. The scripts take
+// their time from TIME truncated to the millisecond, up to 1 ms before the
+// true time, and add durations in ms to it; with msUp, a lease (or a
+// retention) never ends before the true time of the claim plus what was
+// asked. It may end up to 2 ms later.
+func msUp(d time.Duration) int64 {
+	return int64((d+time.Millisecond-1)/time.Millisecond) + 1
 }
 
 // Complete implements idem.Store.
@@ -259,7 +277,7 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 	if err := idem.ValidateLease(lease); err != nil {
 		return err
 	}
-	return s.update(ctx, "e", key, token, lease.Milliseconds(), 0)
+	return s.update(ctx, "e", key, token, msUp(lease), 0)
 }
 
 // update runs updateScript; alen is the length of a cause (see scripts.go).
@@ -290,7 +308,7 @@ func updateErr(n int64, key []byte, token uint64) error {
 	case -1:
 		return fmt.Errorf("%w: key %q token %d", idem.ErrFenced, trunc(key), token)
 	case -2:
-		return fmt.Errorf("redisstore: key %q: corrupt record", trunc(key))
+		return corruptErr(key, "")
 	}
 	return fmt.Errorf("redisstore: key %q: unexpected update code %d", trunc(key), n)
 }
@@ -322,6 +340,9 @@ func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
 		return idem.Record{}, fmt.Errorf("%w: key %q", idem.ErrNotFound, trunc(key))
 	}
 	if err != nil {
+		if isWrongType(err) {
+			return idem.Record{}, corruptErr(key, err.Error())
+		}
 		return idem.Record{}, mapErr(ctx, err, "get", false)
 	}
 	return parseRecord(key, v)
@@ -367,6 +388,10 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	}
 	return 0, nil
 }
+
+// isWrongType reports Redis' WRONGTYPE reply: the key holds a value of
+// another type than the command works on.
+func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }
 
 func trunc(k []byte) []byte {
 	if len(k) > 64 {

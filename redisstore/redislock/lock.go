@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/redisstore/internal/rediserr"
+	"github.com/idem-dev/idem/redisstore/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -140,7 +141,7 @@ type Lock struct {
 // acquireScript: KEYS lock, meta. ARGV owner, ttl ms, reentrant, retention
 // ms. Returns {1, fence, count} or {0, pttl}. The fencing counter lives in
 // the meta hash (field q); t is the current hold's fence, n its count.
-var acquireScript = redis.NewScript(`
+var acquireScript = script.New(`
 local tm = redis.call('TIME')
 local nowus = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local ttl, keep = tonumber(ARGV[2]), math.max(tonumber(ARGV[4]), tonumber(ARGV[2]))
@@ -170,7 +171,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('HGET', KEYS[2], 't') ~= 
 
 // releaseScript: KEYS lock, meta. ARGV owner, fence. Returns the remaining
 // hold count (0: released) or -1 not held.
-var releaseScript = redis.NewScript(ownerCheck + `
+var releaseScript = script.New(ownerCheck + `
 local n = redis.call('HINCRBY', KEYS[2], 'n', -1)
 if n > 0 then return n end
 redis.call('DEL', KEYS[1])
@@ -180,11 +181,15 @@ return 0
 
 // extendScript: KEYS lock, meta. ARGV owner, fence, ttl ms, retention ms.
 // Returns 1 or -1 not held.
-var extendScript = redis.NewScript(ownerCheck + `
+var extendScript = script.New(ownerCheck + `
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[3]), tonumber(ARGV[4])))
 return 1
 `)
+
+// msCeil is d in milliseconds rounded up: PX counts from the server's
+// clock when the command runs, so a lock never lives shorter than asked.
+func msCeil(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
 func (l *Locker) keys(name string) (string, string, error) {
 	if name == "" || strings.ContainsAny(name, "{}") || len(name) > idem.MaxKeyLen {
@@ -249,7 +254,7 @@ func (l *Locker) try(ctx context.Context, name string, opts []Option) (*Lock, ti
 		re = "1"
 	}
 	v, err := acquireScript.Run(ctx, l.cfg.Client, []string{key, meta},
-		o.owner, o.ttl.Milliseconds(), re, l.cfg.FenceRetention.Milliseconds()).Slice()
+		o.owner, msCeil(o.ttl), re, msCeil(l.cfg.FenceRetention)).Slice()
 	if err != nil {
 		return nil, 0, rediserr.Map(ctx, err, "redislock: acquire", true)
 	}
@@ -300,7 +305,7 @@ func (k *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	n, err := extendScript.Run(ctx, k.l.cfg.Client, []string{k.key, k.meta}, k.Owner,
-		strconv.FormatUint(k.Fence, 10), ttl.Milliseconds(), k.l.cfg.FenceRetention.Milliseconds()).Int64()
+		strconv.FormatUint(k.Fence, 10), msCeil(ttl), msCeil(k.l.cfg.FenceRetention)).Int64()
 	if err != nil {
 		return rediserr.Map(ctx, err, "redislock: extend", true)
 	}
