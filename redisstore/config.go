@@ -26,11 +26,14 @@ const (
 // default.
 type Config struct {
 	// Client is a *redis.Client, a *redis.ClusterClient or a failover
-	// (Sentinel) client, as made by redis.NewUniversalClient. The store does
-	// not close it unless CloseClient is set. Scripts are idempotent on a
-	// retry, so go-redis's own retries are safe (a retried Claim whose first
-	// run was applied reports OutcomeInProgress, never a second acquisition);
-	// MaxRetries: -1 makes a lost reply surface as ErrUnknownOutcome instead.
+	// (Sentinel) client, as made by redis.NewUniversalClient, with any
+	// options (TLS, auth, pool, hooks). The store does not close it unless
+	// CloseClient is set. Whatever its MaxRetries and MaxRedirects, go-redis
+	// never re-sends the store's scripts: a write whose reply was lost
+	// returns idem.ErrUnknownOutcome (a re-sent claim would report the
+	// caller's own claim in progress, or take it over with one more
+	// attempt). Get, Delete, Ping and the SCANs are idempotent single
+	// commands and keep the client's retries.
 	Client redis.UniversalClient
 
 	// Namespace separates the records of different applications on one

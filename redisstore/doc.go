@@ -31,7 +31,19 @@
 // refuses the command (LOADING, READONLY, CLUSTERDOWN...) is
 // idem.ErrUnavailable; a lost reply or timeout after sending a write is
 // idem.ErrUnknownOutcome; OOM is idem.ErrUnavailable and idem.ErrCapacity.
-// The store never reports success it did not get from Redis.
+// go-redis never re-sends a script (its retries would run a claim twice),
+// whatever the client's MaxRetries. A key whose value is not a record of
+// this store (bytes it cannot parse, a value of another type) gets
+// ErrCorrupt as its own error: in a batch, or a coalesced Claim, the other
+// keys proceed, and nothing is written to it. The store never reports
+// success it did not get from Redis. Store.ClassifyError
+// (idem.ErrorClassifier) maps the go-redis errors of a handler's own Redis
+// calls the same way.
+//
+// Leases and retention are sent rounded up to the millisecond, plus one
+// (the scripts' clock is TIME truncated to the millisecond): a lease never
+// ends before the claim's time plus what was asked, and may end up to 2 ms
+// later.
 //
 // Package redislock (in this module) is a Redis lock with owner tokens,
 // reentrancy, a watchdog and fencing tokens.

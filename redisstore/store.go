@@ -17,7 +17,8 @@ import (
 
 // Store is an idem.Store on Redis (single node, Sentinel or Cluster). It
 // also implements idem.BatchClaimer, idem.BatchCompleter, idem.Purger,
-// idem.Lister, idem.Stater and idem.Pinger. Safe for concurrent use.
+// idem.Lister, idem.Stater, idem.Pinger and idem.ErrorClassifier. Safe for
+// concurrent use.
 type Store struct {
 	cfg     Config
 	client  redis.UniversalClient
@@ -37,13 +38,14 @@ type Store struct {
 var ErrCorrupt = errors.New("redisstore: corrupt record")
 
 var (
-	_ idem.Store          = (*Store)(nil)
-	_ idem.BatchClaimer   = (*Store)(nil)
-	_ idem.BatchCompleter = (*Store)(nil)
-	_ idem.Purger         = (*Store)(nil)
-	_ idem.Lister         = (*Store)(nil)
-	_ idem.Stater         = (*Store)(nil)
-	_ idem.Pinger         = (*Store)(nil)
+	_ idem.Store           = (*Store)(nil)
+	_ idem.BatchClaimer    = (*Store)(nil)
+	_ idem.BatchCompleter  = (*Store)(nil)
+	_ idem.Purger          = (*Store)(nil)
+	_ idem.Lister          = (*Store)(nil)
+	_ idem.Stater          = (*Store)(nil)
+	_ idem.Pinger          = (*Store)(nil)
+	_ idem.ErrorClassifier = (*Store)(nil)
 )
 
 // New validates cfg, applies defaults and returns a Store. Unless
@@ -377,6 +379,17 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	return mapErr(ctx, err, "ping", false)
 }
+
+// ClassifyError implements idem.ErrorClassifier for errors of go-redis
+// calls the store did not make itself (a handler's effect on the same
+// Redis): idem.ErrUnavailable when the command surely did not run (dial
+// failure, pool timeout, LOADING, READONLY, CLUSTERDOWN, TRYAGAIN,
+// MASTERDOWN, MOVED/ASK, MISCONF, NOREPLICAS, BUSY, auth and max-clients
+// replies; OOM also matches idem.ErrCapacity), idem.ErrUnknownOutcome when
+// it was sent and its answer lost (connection reset, broken pipe, i/o
+// timeout, unexpected EOF); anything else, including a bare io.EOF and
+// context errors, unchanged (see idem.ClassifyError).
+func (s *Store) ClassifyError(err error) error { return rediserr.Classify(err) }
 
 // Purge implements idem.Purger as a no-op that reports 0: every record
 // carries a PEXPIREAT at its ExpiresAt, and Redis removes expired keys by

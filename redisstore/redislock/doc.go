@@ -12,6 +12,15 @@
 // (Lock.StartWatchdog) renews the lock while the holder works and stops when
 // its context ends or the lock is released.
 //
+// Each script is sent once (go-redis's retries are off for them, whatever
+// the client's MaxRetries): a lost reply returns an error matching
+// idem.ErrUnknownOutcome, never a second run (a re-sent release of a
+// reentrant lock would count twice; a re-sent acquire would find the lock
+// held, by the caller itself). After an unknown acquire, the lock may be
+// held by the owner token tried until its TTL ends: pass WithOwner to be
+// able to recognise it; after an unknown Release, Extend tells whether the
+// hold is still there.
+//
 // # What a Redis lock cannot do
 //
 // A Redis lock alone cannot give exactly-once effects. A holder can pause (GC,

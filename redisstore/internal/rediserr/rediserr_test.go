@@ -3,8 +3,10 @@ package rediserr
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 
@@ -44,6 +46,9 @@ func TestMap(t *testing.T) {
 		{"LOADING", bg, redisErr("LOADING Redis is loading the dataset in memory"), true, []error{idem.ErrUnavailable}},
 		{"CLUSTERDOWN", bg, redisErr("CLUSTERDOWN The cluster is down"), true, []error{idem.ErrUnavailable}},
 		{"BUSY", bg, redisErr("BUSY Redis is busy running a script."), true, []error{idem.ErrUnavailable}},
+		{"TRYAGAIN", bg, redisErr("TRYAGAIN Multiple keys request during rehashing of slot"), true, []error{idem.ErrUnavailable}},
+		{"MASTERDOWN", bg, redisErr("MASTERDOWN Link with MASTER is down"), true, []error{idem.ErrUnavailable}},
+		{"max clients", bg, redisErr("ERR max number of clients reached"), true, []error{idem.ErrUnavailable}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,9 +69,86 @@ func TestMap(t *testing.T) {
 			}
 		})
 	}
-	// A script error is neither: the caller treats it as unknown.
-	got := Map(bg, redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"), "op", true)
-	if errors.Is(got, idem.ErrUnavailable) || errors.Is(got, idem.ErrUnknownOutcome) {
-		t.Fatalf("WRONGTYPE mapped to %v", got)
+	// A reply the server ran the command to give is neither.
+	for _, e := range []error{redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"), redisErr("BUSYKEY Target key name already exists.")} {
+		got := Map(bg, e, "op", true)
+		if errors.Is(got, idem.ErrUnavailable) || errors.Is(got, idem.ErrUnknownOutcome) {
+			t.Fatalf("%v mapped to %v", e, got)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	dns := &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "redis.invalid", IsNotFound: true}}
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	pipe := &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	already := fmt.Errorf("%w: x", idem.ErrUnavailable)
+	alreadyUnknown := fmt.Errorf("%w: %w", idem.ErrUnknownOutcome, io.EOF)
+	plain := errors.New("handler said no")
+	unavailable := []error{idem.ErrUnavailable}
+	unknown := []error{idem.ErrUnknownOutcome}
+	tests := []struct {
+		name string
+		err  error
+		want []error // nil: returned unchanged
+	}{
+		{"dial refused", dial, unavailable},
+		{"dial DNS", dns, unavailable},
+		{"pool timeout", redis.ErrPoolTimeout, unavailable},
+		{"closed client", redis.ErrClosed, []error{idem.ErrUnavailable, idem.ErrClosed}},
+		{"bare EOF", io.EOF, nil}, // idem.ClassifyError's rule: any reader says it
+		{"unexpected EOF", io.ErrUnexpectedEOF, unknown},
+		{"reset after send", reset, unknown},
+		{"broken pipe", pipe, unknown},
+		{"i/o timeout after write", timeout, unknown},
+		{"LOADING", redisErr("LOADING Redis is loading the dataset in memory"), unavailable},
+		{"READONLY", redisErr("READONLY You can't write against a read only replica."), unavailable},
+		{"CLUSTERDOWN", redisErr("CLUSTERDOWN The cluster is down"), unavailable},
+		{"TRYAGAIN", redisErr("TRYAGAIN Multiple keys request during rehashing of slot"), unavailable},
+		{"MASTERDOWN", redisErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), unavailable},
+		{"MOVED", redisErr("MOVED 3999 127.0.0.1:6381"), unavailable},
+		{"ASK", redisErr("ASK 3999 127.0.0.1:6381"), unavailable},
+		{"MISCONF", redisErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), unavailable},
+		{"NOREPLICAS", redisErr("NOREPLICAS Not enough good replicas to write."), unavailable},
+		{"BUSY", redisErr("BUSY Redis is busy running a script."), unavailable},
+		{"NOAUTH", redisErr("NOAUTH Authentication required."), unavailable},
+		{"max clients", redisErr("ERR max number of clients reached"), unavailable},
+		{"OOM", redisErr("OOM command not allowed when used memory > 'maxmemory'."), []error{idem.ErrUnavailable, idem.ErrCapacity}},
+		{"BUSYKEY", redisErr("BUSYKEY Target key name already exists."), nil},
+		{"WRONGTYPE", redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"), nil},
+		{"script error", redisErr("ERR user_script:1: Script attempted to access nonexistent global variable 'x'"), nil},
+		{"redis.Nil", redis.Nil, nil},
+		{"context cancelled", context.Canceled, nil},
+		{"deadline", context.DeadlineExceeded, nil},
+		{"not a driver error", plain, nil},
+		{"already unavailable", already, nil},
+		{"already unknown", alreadyUnknown, nil},
+	}
+	if Classify(nil) != nil {
+		t.Fatal("Classify(nil) != nil")
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Classify(tc.err)
+			if tc.want == nil {
+				if got != tc.err {
+					t.Fatalf("Classify = %v, want it unchanged", got)
+				}
+				return
+			}
+			for _, w := range tc.want {
+				if !errors.Is(got, w) {
+					t.Fatalf("Classify = %v, want it to match %v", got, w)
+				}
+			}
+			if errors.Is(got, idem.ErrUnavailable) && errors.Is(got, idem.ErrUnknownOutcome) {
+				t.Fatalf("Classify = %v matches both sentinels", got)
+			}
+			if !errors.Is(got, tc.err) {
+				t.Fatalf("Classify = %v lost the cause %v", got, tc.err)
+			}
+		})
 	}
 }
