@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestScriptAndDecoderAgree stores values the record decoder (parseRecord)
@@ -18,20 +17,9 @@ import (
 // ErrCorrupt). A script that took over a value the decoder cannot read
 // would rewrite it from fields it misread.
 func TestScriptAndDecoderAgree(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", MaxRetries: -1})
-	defer c.Close()
+	c, prefix := sharedForInternal(t, "agree")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at 127.0.0.1:6379 unreachable: %v", err)
-	}
-	prefix := "idemtest-agree-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
-	defer func() {
-		keys, _ := c.Keys(context.Background(), prefix+"*").Result()
-		for _, k := range keys {
-			c.Unlink(context.Background(), k)
-		}
-	}()
 	s, err := New(ctx, Config{Client: c, Prefix: prefix, SkipChecks: true, NoCoalesce: true})
 	if err != nil {
 		t.Fatal(err)

@@ -50,22 +50,11 @@ func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // and every caller got its error (187 of 196 in the audit), while the keys
 // written before the bad one stayed in progress, held by nobody.
 func TestCoalescedClaimsOneBadRecord(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", MaxRetries: -1})
-	defer c.Close()
+	c, prefix := sharedForInternal(t, "coalbad")
 	gate := &gateHook{release: make(chan struct{})}
 	c.AddHook(gate)
-	prefix := "idemtest-coalbad-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at 127.0.0.1:6379 unreachable: %v", err)
-	}
-	defer func() {
-		keys, _ := c.Keys(context.Background(), prefix+"*").Result()
-		for _, k := range keys {
-			c.Unlink(context.Background(), k)
-		}
-	}()
 	s, err := New(ctx, Config{Client: c, Prefix: prefix, CoalesceInFlight: 1, SkipChecks: true})
 	if err != nil {
 		t.Fatal(err)
