@@ -493,13 +493,7 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 	for _, e := range todo {
 		b.Queue(s.tables[e.ref.table].mut[mutComplete], s.args(e.ref, int64(cs[e.i].Token), e.res)...)
 	}
-	type answer struct {
-		done  bool
-		state *int16
-		cur   *int64
-		key   []byte
-	}
-	answers := make([]answer, len(todo))
+	answers := make([]mutAnswer, len(todo))
 	br := q.SendBatch(ctx, b)
 	for j := range todo {
 		a := &answers[j]
@@ -512,17 +506,10 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 		return nil, s.mapErr(ctx, err, true)
 	}
 	for j, e := range todo {
-		a, tok := answers[j], cs[e.i].Token
-		switch {
-		case a.done:
-		case a.state == nil || !bytes.Equal(a.key, e.ref.key):
-			errs[e.i] = fmt.Errorf("%w: key %q", idem.ErrNotFound, e.ref.key)
-		case uint64(*a.cur) == tok && *a.state == stCompleted:
-		case uint64(*a.cur) == tok && *a.state == stInProgress:
+		tok := cs[e.i].Token
+		if errs[e.i] = answers[j].judge(mutComplete, e.ref, tok); errs[e.i] == errSettle {
 			// Our snapshot predates a concurrent change: ask again alone.
 			errs[e.i] = s.mutate(ctx, q, mutComplete, e.ref, tok, e.res, inTx)
-		default:
-			errs[e.i] = fmt.Errorf("%w: key %q token %d (current %d, %s)", idem.ErrFenced, e.ref.key, tok, *a.cur, idem.State(*a.state))
 		}
 		if errs[e.i] != nil && !errors.Is(errs[e.i], idem.ErrNotFound) && !errors.Is(errs[e.i], idem.ErrFenced) {
 			return nil, errs[e.i] // the follow-up failed as a whole

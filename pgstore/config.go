@@ -65,6 +65,9 @@ const (
 	DefaultTxRetries   = 5
 	DefaultLockTimeout = 2 * time.Second
 	DefaultPrecreate   = 2
+	// DefaultCommitIdleTimeout and DefaultResolveTimeout: see Config.
+	DefaultCommitIdleTimeout = 2 * time.Second
+	DefaultResolveTimeout    = 10 * time.Second
 )
 
 // Config configures a Store. Pool is required; everything else has a default.
@@ -103,6 +106,18 @@ type Config struct {
 	// LockTimeout bounds how long partition maintenance waits for its lock,
 	// so claims never queue behind it for longer (default 2s).
 	LockTimeout time.Duration
+	// CommitIdleTimeout is the idle_in_transaction_session_timeout DoTx
+	// sets on its transaction after its last statement, just before COMMIT
+	// (default 2s): if the COMMIT is lost on the way, the server ends the
+	// transaction by itself within this time, so DoTx can learn its fate.
+	// Only a process stalled longer than this between the two (which the
+	// server then sees as a lost client) turns a good DoTx into a rolled
+	// back one (ErrUnavailable, safe to run again).
+	CommitIdleTimeout time.Duration
+	// ResolveTimeout bounds how long DoTx keeps asking the server about a
+	// COMMIT whose answer was lost before it gives up with
+	// idem.ErrUnknownOutcome (default 10s; above CommitIdleTimeout).
+	ResolveTimeout time.Duration
 	// Logger receives maintenance and retry messages (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -134,6 +149,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LockTimeout == 0 {
 		c.LockTimeout = DefaultLockTimeout
+	}
+	if c.CommitIdleTimeout == 0 {
+		c.CommitIdleTimeout = DefaultCommitIdleTimeout
+	}
+	if c.ResolveTimeout == 0 {
+		c.ResolveTimeout = DefaultResolveTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -189,6 +210,12 @@ func (c Config) Validate() error {
 	}
 	if c.LockTimeout < time.Millisecond {
 		return bad("lock timeout %s below 1ms", c.LockTimeout)
+	}
+	if c.CommitIdleTimeout < 10*time.Millisecond || c.CommitIdleTimeout > time.Hour {
+		return bad("commit idle timeout %s outside [10ms, 1h]", c.CommitIdleTimeout)
+	}
+	if c.ResolveTimeout <= c.CommitIdleTimeout {
+		return bad("resolve timeout %s must exceed the commit idle timeout %s", c.ResolveTimeout, c.CommitIdleTimeout)
 	}
 	return nil
 }

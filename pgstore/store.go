@@ -397,28 +397,59 @@ func (s *Store) mutateTop(ctx context.Context, m mutation, key []byte, token uin
 	return s.mutate(ctx, s.pool, m, r, token, arg, false)
 }
 
+// mutAnswer is what a mutation statement reads back: whether it applied,
+// and the record's current state, token and key (nil state: no record).
+type mutAnswer struct {
+	done  bool
+	state *int16
+	cur   *int64
+	key   []byte
+}
+
+// judge turns a mutation's answer into its result: nil (applied, or a
+// repeat with the same token), ErrNotFound, ErrFenced, or errSettle (our
+// snapshot predates a concurrent change: ask again).
+func (a *mutAnswer) judge(m mutation, r keyRef, token uint64) error {
+	switch {
+	case a.done:
+		return nil
+	case a.state == nil || !bytes.Equal(a.key, r.key):
+		return fmt.Errorf("%w: key %q", idem.ErrNotFound, r.key)
+	case uint64(*a.cur) == token && *a.state == repeatState[m]:
+		return nil
+	case uint64(*a.cur) == token && *a.state == stInProgress:
+		return errSettle
+	}
+	return fmt.Errorf("%w: key %q token %d (current %d, %s)", idem.ErrFenced, r.key, token, *a.cur, idem.State(*a.state))
+}
+
 // mutate applies a token-checked update in one statement, which also reads
 // the record so a miss can be told apart (not found, fenced, repeat).
 func (s *Store) mutate(ctx context.Context, q querier, m mutation, r keyRef, token uint64, arg any, inTx bool) error {
+	return s.mutateX(ctx, q, m, r, token, arg, inTx, nil)
+}
+
+// mutateX is mutate; with xid set (a completion in DoTx's transaction) it
+// also reads the transaction's id into *xid and sets the transaction's
+// idle_in_transaction_session_timeout to CommitIdleTimeout, in the same
+// statement (see resolveCommit).
+func (s *Store) mutateX(ctx context.Context, q querier, m mutation, r keyRef, token uint64, arg any, inTx bool, xid *string) error {
 	t := &s.tables[r.table]
+	sql, args := t.mut[m], s.args(r, int64(token), arg)
+	var a mutAnswer
+	dst := []any{&a.done, &a.state, &a.cur, &a.key}
+	if xid != nil {
+		sql = t.completeX
+		args = append(args, fmt.Sprint(s.cfg.CommitIdleTimeout.Milliseconds()))
+		var set string
+		dst = append(dst, xid, &set)
+	}
 	for attempt := 0; ; attempt++ {
-		var done bool
-		var state *int16
-		var cur *int64
-		var curKey []byte
-		err := q.QueryRow(ctx, t.mut[m], s.args(r, int64(token), arg)...).Scan(&done, &state, &cur, &curKey)
+		a = mutAnswer{}
+		err := q.QueryRow(ctx, sql, args...).Scan(dst...)
 		if err == nil {
-			switch {
-			case done:
-				return nil
-			case state == nil || !bytes.Equal(curKey, r.key):
-				return fmt.Errorf("%w: key %q", idem.ErrNotFound, r.key)
-			case uint64(*cur) == token && *state == repeatState[m]:
-				return nil
-			case uint64(*cur) == token && *state == stInProgress:
-				err = errSettle // our snapshot predates a concurrent change
-			default:
-				return fmt.Errorf("%w: key %q token %d (current %d, %s)", idem.ErrFenced, r.key, token, *cur, idem.State(*state))
+			if err = a.judge(m, r, token); err != errSettle {
+				return err
 			}
 		}
 		if attempt+1 >= maxSettle || (inTx && err != errSettle) || (err != errSettle && !s.retryable(ctx, err)) {
@@ -440,18 +471,22 @@ var tokenScaleSQL = fmt.Sprint(tokenScale)
 
 // tableSQL holds the statements for one physical (or parent) table.
 type tableSQL struct {
-	name   string // quoted
-	claim  string
-	batch  string
-	fast   string // ClaimBatch's insert-only first statement
-	fastU  string // fast with one lease and TTL for all rows
-	get    string
-	del    string
-	mut    [4]string
-	purge  string
-	purgeA string // purge with archival
-	list   string
-	stats  string
+	name  string // quoted
+	claim string
+	batch string
+	fast  string // ClaimBatch's insert-only first statement
+	fastU string // fast with one lease and TTL for all rows
+	get   string
+	del   string
+	mut   [4]string
+	// completeX is mut[mutComplete] for DoTx: it also returns the
+	// transaction id and sets idle_in_transaction_session_timeout ($n+3 ms)
+	// for the rest of the transaction.
+	completeX string
+	purge     string
+	purgeA    string // purge with archival
+	list      string
+	stats     string
 }
 
 // buildSQL renders the statements for table t. Every time comparison uses
@@ -588,12 +623,17 @@ RETURNING r.token, r.created_at`
 		mutFail:     `state = 3, last_error = ` + p(2) + `::text, updated_at = ` + now + `, expires_at = ` + now + ` + r.ttl_us` + us,
 		mutExtend:   `lease_until = ` + now + ` + ` + p(2) + `::bigint` + us + `, expires_at = greatest(r.expires_at, ` + now + ` + ` + p(2) + `::bigint` + us + `), updated_at = ` + now,
 	}
-	for m, set := range mutSet {
-		s.mut[m] = `WITH upd AS (UPDATE ` + T + ` r SET ` + set + `
+	mutSQL := func(set, more string) string {
+		return `WITH upd AS (UPDATE ` + T + ` r SET ` + set + `
 WHERE ` + kcond("r") + ` AND r.token = ` + p(1) + `::bigint AND r.state = 1 AND r.expires_at > ` + now + ` RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM upd), c.state, c.token, c.key FROM (SELECT 1) AS one
+SELECT EXISTS (SELECT 1 FROM upd), c.state, c.token, c.key` + more + ` FROM (SELECT 1) AS one
 LEFT JOIN ` + T + ` c ON ` + kcond("c") + ` AND c.expires_at > ` + now
 	}
+	for m, set := range mutSet {
+		s.mut[m] = mutSQL(set, "")
+	}
+	// (SELECT 1) AS one makes exactly one row, so set_config runs once.
+	s.completeX = mutSQL(mutSet[mutComplete], `, pg_current_xact_id()::text, set_config('idle_in_transaction_session_timeout', `+p(3)+`::text, true)`)
 
 	hcols := "ns, key_hash, key_time, " + rowCols
 	dcols := "d.ns, d.key_hash, NULL::timestamptz, " + prefixCols("d", rowCols)

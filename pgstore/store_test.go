@@ -199,6 +199,9 @@ func TestConfigValidate(t *testing.T) {
 		{"PartitionedHour", pgstore.Config{Pool: p, Layout: pgstore.LayoutTimePartitioned, KeyTime: pgstore.ULIDKeyTime, Period: time.Hour}, false},
 		{"UnknownLayout", pgstore.Config{Pool: p, Layout: 9}, false},
 		{"NegativePurgeBatch", pgstore.Config{Pool: p, PurgeBatch: -1}, false},
+		{"CommitIdleTimeoutTiny", pgstore.Config{Pool: p, CommitIdleTimeout: time.Millisecond}, false},
+		{"ResolveTimeoutBelowCommitIdle", pgstore.Config{Pool: p, CommitIdleTimeout: 5 * time.Second, ResolveTimeout: 3 * time.Second}, false},
+		{"CommitTimeouts", pgstore.Config{Pool: p, CommitIdleTimeout: 100 * time.Millisecond, ResolveTimeout: time.Second}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

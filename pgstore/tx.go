@@ -114,9 +114,12 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, claim idem.Claim) (result []byt
 //     fn's statements included): the whole transaction runs again, up to
 //     Config.TxRetries times; fn must therefore only touch the database
 //     through tx.
-//   - Connection lost during COMMIT: the outcome is resolved by waiting for
-//     the old backend to end and reading the record (Completed with our
-//     token = committed). If that is impossible: idem.ErrUnknownOutcome.
+//   - Connection lost during COMMIT: the outcome is resolved by asking the
+//     server whether the transaction committed (pg_xact_status of its id,
+//     and the record: Completed with our token). Committed: success; rolled
+//     back: idem.ErrUnavailable (nothing applied, safe to run again); not
+//     decided within Config.ResolveTimeout: idem.ErrUnknownOutcome. This
+//     needs no backend PID, so it works behind a pooler (PgBouncer).
 func (s *Store) DoTx(ctx context.Context, req idem.ClaimRequest, fn TxFunc) (idem.Claim, error) {
 	return s.DoTxOptions(ctx, pgx.TxOptions{}, req, fn)
 }
@@ -162,12 +165,8 @@ func (s *Store) doTxOnce(ctx context.Context, opts pgx.TxOptions, r keyRef, req 
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	pid := tx.Conn().PgConn().PID()
 	c, err := s.claim(ctx, tx, r, req, true)
 	if err != nil {
-		if IsSerializationFailure(err) {
-			return idem.Claim{}, err
-		}
 		return idem.Claim{}, err
 	}
 	switch c.Outcome {
@@ -185,7 +184,8 @@ func (s *Store) doTxOnce(ctx context.Context, opts pgx.TxOptions, r keyRef, req 
 	if result == nil {
 		result = []byte{}
 	}
-	if err := s.mutate(ctx, tx, mutComplete, r, c.Record.Token, result, true); err != nil {
+	var xid string
+	if err := s.mutateX(ctx, tx, mutComplete, r, c.Record.Token, result, true, &xid); err != nil {
 		return c, err
 	}
 	done = true
@@ -196,57 +196,74 @@ func (s *Store) doTxOnce(ctx context.Context, opts pgx.TxOptions, r keyRef, req 
 		return c, nil
 	}
 	var pe *pgconn.PgError
-	if errors.As(cerr, &pe) {
+	if errors.As(cerr, &pe) && pe.Severity != "FATAL" && pe.Severity != "PANIC" {
 		// The server refused the commit (e.g. a serialization failure at
-		// commit time): rolled back.
+		// commit time): rolled back. (A FATAL error ends the session, and
+		// may come from another cause while COMMIT is on its way: resolve.)
 		if IsSerializationFailure(cerr) {
 			return idem.Claim{}, cerr
 		}
 		return idem.Claim{}, s.mapErr(ctx, cerr, false)
 	}
 	// No answer to COMMIT: it may or may not have happened.
-	return s.resolveCommit(ctx, pid, r, c, result, cerr)
+	return s.resolveCommit(ctx, xid, r, c, cerr)
 }
 
-// ResolveTimeout bounds how long DoTx waits for the old backend to go away
-// after a connection loss during COMMIT.
-var ResolveTimeout = 10 * time.Second
-
-// resolveCommit decides a COMMIT whose answer was lost. While the old
-// backend lives, its transaction may still commit; so first make sure it is
-// gone (terminate it, wait for it to leave pg_stat_activity), then read the
-// record: Completed with our token means the commit happened.
-func (s *Store) resolveCommit(ctx context.Context, pid uint32, r keyRef, c idem.Claim, result []byte, cause error) (idem.Claim, error) {
-	unknown := func(err error) (idem.Claim, error) {
-		return idem.Claim{}, fmt.Errorf("%w: pgstore: commit of key %q: %w (resolving: %v)", idem.ErrUnknownOutcome, r.key, cause, err)
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ResolveTimeout)
+// resolveCommit decides a COMMIT whose answer was lost, from the
+// transaction's id (xid, read in the transaction before COMMIT) and the
+// record, on another connection:
+//
+//   - the record is Completed with our token: the commit happened (a
+//     reader cannot see an uncommitted change, and tokens are unique);
+//   - otherwise pg_xact_status(xid) = 'aborted': it never will (nothing
+//     applied);
+//   - 'in progress': the old session still holds the transaction (its
+//     COMMIT is on the way, or it waits for one that was lost, which
+//     CommitIdleTimeout ends): ask again;
+//   - anything else ('committed' while the record does not show it, which
+//     only a failover to a server without our transaction, reusing its
+//     id, or a change of the record since could give; NULL; an error):
+//     keep asking until ResolveTimeout, then idem.ErrUnknownOutcome.
+//
+// Unlike terminating the old backend by its PID, this needs no PID, which
+// a pooler (PgBouncer) does not give out and which another session may
+// have taken by the time it is used.
+func (s *Store) resolveCommit(ctx context.Context, xid string, r keyRef, c idem.Claim, cause error) (idem.Claim, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ResolveTimeout)
 	defer cancel()
-	for {
-		var alive bool
-		err := s.pool.QueryRow(rctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)
-	AND (pg_terminate_backend($1) OR true)`, int32(pid)).Scan(&alive)
-		if err != nil {
-			return unknown(err)
+	var last string
+	for delay := 5 * time.Millisecond; ; delay = min(2*delay, 200*time.Millisecond) {
+		var status *string
+		err := s.pool.QueryRow(rctx, "SELECT pg_xact_status($1::text::xid8)", xid).Scan(&status)
+		if err == nil {
+			var rec idem.Record
+			rec, err = s.get(rctx, s.pool, r)
+			switch {
+			case err == nil && rec.Token == c.Record.Token && rec.State == idem.StateCompleted:
+				s.cfg.Logger.Warn("pgstore: commit answer lost; the transaction committed", "key", string(r.key), "xid", xid)
+				c.Record = rec
+				return c, nil
+			case err != nil && !errors.Is(err, idem.ErrNotFound):
+			case status != nil && *status == "aborted":
+				s.cfg.Logger.Warn("pgstore: commit answer lost; the transaction rolled back", "key", string(r.key), "xid", xid)
+				return idem.Claim{}, fmt.Errorf("%w: pgstore: commit of key %q lost and not applied (transaction %s rolled back): %w", idem.ErrUnavailable, r.key, xid, cause)
+			default:
+				err = nil
+			}
 		}
-		if !alive {
-			break
+		switch {
+		case err != nil:
+			last = err.Error()
+		case status == nil:
+			last = "pg_xact_status is NULL (transaction id too old)"
+		default:
+			last = "transaction " + xid + " " + *status
 		}
+		s.cfg.Logger.Debug("pgstore: resolving a lost commit", "key", string(r.key), "xid", xid, "state", last)
 		select {
 		case <-rctx.Done():
-			return unknown(rctx.Err())
-		case <-time.After(20 * time.Millisecond):
+			return idem.Claim{}, fmt.Errorf("%w: pgstore: commit of key %q: %w (still undecided after %s: %s)", idem.ErrUnknownOutcome, r.key, cause, s.cfg.ResolveTimeout, last)
+		case <-time.After(delay):
 		}
 	}
-	rec, err := s.get(rctx, s.pool, r)
-	if err == nil && rec.Token == c.Record.Token && rec.State == idem.StateCompleted {
-		s.cfg.Logger.Warn("pgstore: commit answer lost; record shows it committed", "key", string(r.key))
-		c.Record = rec
-		return c, nil
-	}
-	if err != nil && !errors.Is(err, idem.ErrNotFound) {
-		return unknown(err)
-	}
-	s.cfg.Logger.Warn("pgstore: commit answer lost; record shows it did not commit", "key", string(r.key))
-	return idem.Claim{}, fmt.Errorf("%w: pgstore: commit of key %q lost and not applied: %w", idem.ErrUnavailable, r.key, cause)
 }
