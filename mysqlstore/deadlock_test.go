@@ -211,3 +211,179 @@ func TestDoTxHandlerRetriesAfterDeadlock(t *testing.T) {
 		t.Fatalf("ledger has %d rows for the key after the redelivery (%s): the effect ran %d times", n, c.Outcome, n)
 	}
 }
+
+// autocommitOf reports @@autocommit of the pool's only connection.
+func autocommitOf(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var ac int
+	if err := db.QueryRowContext(testCtx(t), "SELECT @@autocommit").Scan(&ac); err != nil {
+		t.Fatal(err)
+	}
+	return ac
+}
+
+// A handler that ends the transaction itself (a ROLLBACK statement, as a
+// framework's error path might send) and carries on with its effect: the
+// effect must not commit, on any attempt, and every path gives the pool
+// its connection back in autocommit (one connection, so a leaked
+// autocommit=0 session would be seen by the next caller).
+func TestDoTxStatementsAfterTransactionEnd(t *testing.T) {
+	s, db := newStore(t, mysqlstore.Config{TxRetries: 2})
+	db.SetMaxOpenConns(1)
+	makeLedger(t, db)
+	ctx := testCtx(t)
+	var runs atomic.Int32
+	_, err := s.DoTx(ctx, claimReq("k"), func(ctx context.Context, tx *sql.Tx, _ idem.Claim) ([]byte, error) {
+		runs.Add(1)
+		if _, err := tx.ExecContext(ctx, "ROLLBACK"); err != nil {
+			return nil, err
+		}
+		_, err := appendLedger("k", "")(ctx, tx, idem.Claim{})
+		return nil, err
+	})
+	if !errors.Is(err, mysqlstore.ErrTxEnded) || !errors.Is(err, idem.ErrUnavailable) || !mysqlstore.IsRetryable(err) {
+		t.Fatalf("DoTx = %v, want ErrTxEnded (ErrUnavailable, retryable)", err)
+	}
+	if runs.Load() != 3 {
+		t.Fatalf("fn ran %d times, want 3 (TxRetries 2)", runs.Load())
+	}
+	if n := ledgerCount(t, db, "k"); n != 0 {
+		t.Fatalf("ledger %d: an effect committed without its record", n)
+	}
+	if ac := autocommitOf(t, db); ac != 1 {
+		t.Fatalf("@@autocommit = %d on the pool's connection after DoTx", ac)
+	}
+	if _, err := s.Get(ctx, []byte("k")); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record: %v", err)
+	}
+	// Every other way out of DoTx leaves autocommit on too.
+	for name, fn := range map[string]mysqlstore.TxFunc{
+		"acquired":  appendLedger("k", "r"),
+		"duplicate": appendLedger("k", "r"),
+		"error": func(context.Context, *sql.Tx, idem.Claim) ([]byte, error) {
+			return nil, errors.New("boom")
+		},
+	} {
+		key := "k"
+		if name == "error" {
+			key = "e"
+		}
+		if _, err := s.DoTx(ctx, claimReq(key), fn); (err != nil) != (name == "error") {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if ac := autocommitOf(t, db); ac != 1 {
+			t.Fatalf("%s: @@autocommit = %d on the pool's connection after DoTx", name, ac)
+		}
+	}
+	if n := ledgerCount(t, db, "k"); n != 1 {
+		t.Fatalf("ledger %d, want 1", n)
+	}
+}
+
+// ClaimTx + CompleteTx on a Store.BeginTx transaction whose effect loses a
+// real deadlock and is retried statement by statement (and whose caller
+// ignores CompleteTx's error): Commit refuses, nothing commits, and the
+// whole transaction run again commits once.
+func TestBeginTxEffectRetriedAfterDeadlock(t *testing.T) {
+	s, db := newStore(t, mysqlstore.Config{})
+	makeLedger(t, db)
+	rig := newDeadlockRig(t, db)
+	ctx := testCtx(t)
+	var deadlocks atomic.Int32
+	run := func(provoke bool) error {
+		tx, err := s.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		c, err := s.ClaimTx(ctx, tx.Tx, claimReq("k"))
+		if err != nil || c.Outcome != idem.OutcomeAcquired {
+			return fmt.Errorf("ClaimTx = %s, %v", c.Outcome, err)
+		}
+		if provoke {
+			if err := rig.provoke(ctx, tx.Tx); err != nil {
+				if !mysqlstore.IsRetryable(err) {
+					return err
+				}
+				deadlocks.Add(1)
+				if _, err := tx.ExecContext(ctx, "UPDATE acct SET bal = bal + 1 WHERE id = 2"); err != nil {
+					return err
+				}
+			}
+		}
+		if err := retryingExec(ctx, tx.Tx, &deadlocks, "INSERT INTO ledger (k) VALUES (?)", []byte("k")); err != nil {
+			return err
+		}
+		_ = s.CompleteTx(ctx, tx.Tx, []byte("k"), c.Record.Token, []byte("r")) // error ignored
+		return tx.Commit()
+	}
+	err := run(true)
+	if deadlocks.Load() == 0 {
+		t.Fatal("the effect never lost a deadlock: the test did not test anything")
+	}
+	if !errors.Is(err, mysqlstore.ErrTxEnded) || !mysqlstore.IsRetryable(err) {
+		t.Fatalf("Commit after the server ended the transaction = %v, want ErrTxEnded", err)
+	}
+	if n := ledgerCount(t, db, "k"); n != 0 {
+		t.Fatalf("ledger %d after the refused commit: an effect without its record", n)
+	}
+	if err := run(false); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Get(ctx, []byte("k")); err != nil || r.State != idem.StateCompleted || ledgerCount(t, db, "k") != 1 {
+		t.Fatalf("after the rerun: %+v, %v, ledger %d", r, err, ledgerCount(t, db, "k"))
+	}
+}
+
+// Tx basics on one pooled connection: commit and rollback work, Commit
+// after Rollback (and the reverse) is sql.ErrTxDone, and the connection goes
+// back to the pool in autocommit.
+func TestBeginTxCommitRollback(t *testing.T) {
+	s, db := newStore(t, mysqlstore.Config{})
+	db.SetMaxOpenConns(1)
+	makeLedger(t, db)
+	ctx := testCtx(t)
+	for _, commit := range []bool{false, true} {
+		tx, err := s.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := s.ClaimTx(ctx, tx.Tx, claimReq("k"))
+		if err != nil || c.Outcome != idem.OutcomeAcquired {
+			t.Fatalf("ClaimTx = %+v, %v", c, err)
+		}
+		if _, err := appendLedger("k", "")(ctx, tx.Tx, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CompleteTx(ctx, tx.Tx, []byte("k"), c.Record.Token, []byte("r")); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); !errors.Is(err, sql.ErrTxDone) {
+			t.Fatalf("second Commit: %v", err)
+		}
+		if err := tx.Rollback(); !errors.Is(err, sql.ErrTxDone) {
+			t.Fatalf("Rollback after the end: %v", err)
+		}
+		if ac := autocommitOf(t, db); ac != 1 {
+			t.Fatalf("@@autocommit = %d after the Tx", ac)
+		}
+		want := 0
+		if commit {
+			want = 1
+		}
+		if n := ledgerCount(t, db, "k"); n != want {
+			t.Fatalf("commit=%v: ledger %d", commit, n)
+		}
+	}
+	if r, err := s.Get(ctx, []byte("k")); err != nil || r.State != idem.StateCompleted {
+		t.Fatalf("record: %+v, %v", r, err)
+	}
+}
