@@ -6,10 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"os"
-	"syscall"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/idem-dev/idem"
@@ -96,24 +92,5 @@ func classifyError(err error) error {
 		errors.Is(err, mysql.ErrPktSyncMul) || errors.Is(err, mysql.ErrMalformPkt):
 		return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnknownOutcome, err)
 	}
-	return classifyNet(err)
-}
-
-// classifyNet is the driver-independent part: a failed dial sent nothing;
-// a connection that broke or timed out in use may have delivered the
-// request.
-func classifyNet(err error) error {
-	var op *net.OpError
-	var dns *net.DNSError
-	if (errors.As(err, &op) && op.Op == "dial") || errors.As(err, &dns) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
-		return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnavailable, err)
-	}
-	var ne net.Error
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnknownOutcome, err)
-	}
-	return err
+	return idem.ClassifyError(err) // dial failures, resets, timeouts
 }

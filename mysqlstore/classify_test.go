@@ -16,12 +16,6 @@ import (
 	"github.com/idem-dev/idem/mysqlstore"
 )
 
-// errorClassifier is idem.ErrorClassifier, spelled out until the root
-// package has it.
-type errorClassifier interface{ ClassifyError(err error) error }
-
-var _ errorClassifier = (*mysqlstore.Store)(nil)
-
 func TestClassifyError(t *testing.T) {
 	const (
 		same = iota

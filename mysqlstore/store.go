@@ -49,12 +49,13 @@ type Store struct {
 const defaultDerivedMin = 16
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.BatchClaimer = (*Store)(nil)
-	_ idem.Purger       = (*Store)(nil)
-	_ idem.Lister       = (*Store)(nil)
-	_ idem.Stater       = (*Store)(nil)
-	_ idem.Pinger       = (*Store)(nil)
+	_ idem.Store           = (*Store)(nil)
+	_ idem.BatchClaimer    = (*Store)(nil)
+	_ idem.Purger          = (*Store)(nil)
+	_ idem.Lister          = (*Store)(nil)
+	_ idem.Stater          = (*Store)(nil)
+	_ idem.Pinger          = (*Store)(nil)
+	_ idem.ErrorClassifier = (*Store)(nil)
 )
 
 // Open validates cfg, checks that the schema was migrated for it, and
