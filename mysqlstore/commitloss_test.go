@@ -29,9 +29,12 @@ type cutProxy struct {
 	mode   atomic.Int32           // 0 off, 1 cut before, 2 cut after
 	cuts   atomic.Int32
 	seen   atomic.Int32
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
+	// hold, when set, runs before any client command is forwarded (the
+	// client waits): a test's chance to act between two statements.
+	hold  atomic.Pointer[func(body []byte)]
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
 }
 
 func isCommit(body []byte) bool {
@@ -120,6 +123,9 @@ func (p *cutProxy) accept() {
 				body := make([]byte, n)
 				if _, err := io.ReadFull(c, body); err != nil {
 					return
+				}
+				if h := p.hold.Load(); h != nil {
+					(*h)(body)
 				}
 				if p.match(body) {
 					p.seen.Add(1)
