@@ -756,7 +756,8 @@ type finishOp struct {
 
 // finish applies a token operation: one conditional UPDATE; only when it
 // changed nothing, one read to tell not-found, fenced and an idempotent
-// repeat apart.
+// repeat apart (and, if the record changed in between so that the UPDATE
+// would now apply, the UPDATE again).
 func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64, op finishOp) error {
 	l, err := s.locate(key)
 	if err != nil {
@@ -770,18 +771,7 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	sb.WriteString(", updated_at = " + nowUS + " WHERE ")
 	s.pk(&sb, l)
 	finishCond(&sb, func(sb *strings.Builder) { uintLit(sb, token) })
-	var res sql.Result
-	err = s.retry(ctx, q == querier(s.db), func() error {
-		var err error
-		res, err = q.ExecContext(ctx, sb.String())
-		return err
-	})
-	if err != nil {
-		return mapErr(err, true)
-	}
-	if n, err := res.RowsAffected(); err == nil && n > 0 {
-		return nil
-	}
+	update := sb.String()
 	sb.Reset()
 	sb.WriteString("SELECT state, token FROM ")
 	sb.WriteString(l.table)
@@ -790,16 +780,47 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	sb.WriteString(" AND k = ")
 	hexLit(&sb, key)
 	sb.WriteString(" AND expires_at > " + nowUS)
-	var st int
-	var cur uint64
-	err = q.QueryRowContext(ctx, sb.String()).Scan(&st, &cur)
-	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("%w: key %q", idem.ErrNotFound, truncKey(key))
+	if q != querier(s.db) {
+		// In a transaction a plain read sees its snapshot, which may be
+		// older than the row the UPDATE judged: read the current row.
+		sb.WriteString(" LOCK IN SHARE MODE")
 	}
-	if err != nil {
-		return mapErr(err, false)
+	read := sb.String()
+	// The UPDATE and the read are two statements: the record may change
+	// between them. Any verdict the read gives holds at the read, unless the
+	// record now satisfies the UPDATE's condition (a claim issuing this very
+	// token committed in between): then the operation would apply, and
+	// neither "not found" nor "fenced" describes any order of the calls.
+	// Run the UPDATE again.
+	for attempt := 0; ; attempt++ {
+		var res sql.Result
+		err = s.retry(ctx, q == querier(s.db), func() error {
+			var err error
+			res, err = q.ExecContext(ctx, update)
+			return err
+		})
+		if err != nil {
+			return mapErr(err, true)
+		}
+		if n, err := res.RowsAffected(); err == nil && n > 0 {
+			return nil
+		}
+		var st int
+		var cur uint64
+		err = q.QueryRowContext(ctx, read).Scan(&st, &cur)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: key %q", idem.ErrNotFound, truncKey(key))
+		}
+		if err != nil {
+			return mapErr(err, false)
+		}
+		if cur != token || idem.State(st) != idem.StateInProgress {
+			return op.verdict(key, token, idem.State(st), cur)
+		}
+		if attempt >= 3 {
+			return fmt.Errorf("%w: mysqlstore: %s of key %q: the record kept changing between the statements", idem.ErrUnavailable, op.name, truncKey(key))
+		}
 	}
-	return op.verdict(key, token, idem.State(st), cur)
 }
 
 // finishCond writes the condition under which a token operation applies:
