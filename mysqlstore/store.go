@@ -967,8 +967,15 @@ func (s *Store) get(ctx context.Context, q querier, key []byte, l loc, suffix st
 	return r.rec, nil
 }
 
-// Delete implements idem.Store (admin eviction). Tokens come from the
-// sequence, so a later claim still gets a larger one.
+// Delete implements idem.Store (admin eviction). It expires the record in
+// place (expires_at = 0) instead of removing the row: every read treats it
+// as absent, the next claim replaces it as a fresh record, and Purge removes
+// the row later. Removing it at once would let a claim that drew its token
+// (NEXTVAL in the inserted row) before a concurrent claim and then waited
+// for that claim's row lock find the key absent after the Delete and insert
+// its smaller token: with the row left in place it finds the duplicate and
+// takes the record over with a token drawn under the row lock, larger than
+// every earlier one.
 func (s *Store) Delete(ctx context.Context, key []byte) error {
 	l, err := s.locate(key)
 	if err != nil {
@@ -978,12 +985,13 @@ func (s *Store) Delete(ctx context.Context, key []byte) error {
 		return err
 	}
 	var sb strings.Builder
-	sb.WriteString("DELETE FROM ")
+	sb.WriteString("UPDATE ")
 	sb.WriteString(l.table)
-	sb.WriteString(" WHERE ")
+	sb.WriteString(" SET expires_at = 0, lease_until = 0, updated_at = " + nowUS + " WHERE ")
 	s.pk(&sb, l)
 	sb.WriteString(" AND k = ")
 	hexLit(&sb, key)
+	sb.WriteString(" AND expires_at > 0")
 	err = s.retry(ctx, true, func() error {
 		_, err := s.db.ExecContext(ctx, sb.String())
 		return err
