@@ -348,6 +348,28 @@ func (s *Store) maintain(ctx context.Context, fn func(c *sql.Conn) error) error 
 	return fn(conn)
 }
 
+// maintainPartitions runs fn under the maintenance lock (see maintain) with
+// the database clock and the partitions as they are once the lock is held.
+func (s *Store) maintainPartitions(ctx context.Context, fn func(c *sql.Conn, now int64, ps []partition) error) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	if s.cfg.Layout != LayoutTimePartitioned {
+		return errNotPartitioned
+	}
+	return s.maintain(ctx, func(c *sql.Conn) error {
+		now, err := dbNow(ctx, c)
+		if err != nil {
+			return err
+		}
+		ps, err := s.partitions(ctx, c)
+		if err != nil {
+			return err
+		}
+		return fn(c, now, ps)
+	})
+}
+
 // EnsurePartitions makes sure partitions exist up to Precreate periods
 // ahead of the current one (database clock), splitting them off pmax. It
 // returns how many it added. Run it at least once per period (the
@@ -357,22 +379,8 @@ func (s *Store) maintain(ctx context.Context, fn func(c *sql.Conn) error) error 
 // it may run at any time, concurrently with claims and with maintenance
 // from other processes (one call at a time holds the maintenance lock).
 func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
-	if err := s.check(ctx); err != nil {
-		return 0, err
-	}
-	if s.cfg.Layout != LayoutTimePartitioned {
-		return 0, errNotPartitioned
-	}
 	added := 0
-	err := s.maintain(ctx, func(c *sql.Conn) error {
-		now, err := dbNow(ctx, c)
-		if err != nil {
-			return err
-		}
-		ps, err := s.partitions(ctx, c)
-		if err != nil {
-			return err
-		}
+	err := s.maintainPartitions(ctx, func(c *sql.Conn, now int64, ps []partition) error {
 		var lastBound int64
 		for _, p := range ps {
 			if p.bound > lastBound {
@@ -431,22 +439,8 @@ func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
 //
 // It returns the dropped partitions.
 func (s *Store) DropExpiredPartitions(ctx context.Context) ([]string, error) {
-	if err := s.check(ctx); err != nil {
-		return nil, err
-	}
-	if s.cfg.Layout != LayoutTimePartitioned {
-		return nil, errNotPartitioned
-	}
 	var dropped []string
-	err := s.maintain(ctx, func(c *sql.Conn) error {
-		now, err := dbNow(ctx, c)
-		if err != nil {
-			return err
-		}
-		ps, err := s.partitions(ctx, c)
-		if err != nil {
-			return err
-		}
+	err := s.maintainPartitions(ctx, func(c *sql.Conn, now int64, ps []partition) error {
 		var cands []partition
 		for i, p := range ps {
 			if p.bound >= 0 && i < len(ps)-2 && p.bound+s.cfg.Retention.Microseconds() <= now {
