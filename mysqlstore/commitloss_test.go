@@ -37,6 +37,33 @@ type cutProxy struct {
 	conns []net.Conn
 }
 
+// storeAt migrates the default config in database name and opens a store
+// on a pool of its own that reaches the server at addr (a proxy's), with
+// extra DSN params; cleanup closes both.
+func storeAt(t *testing.T, addr, name string, params map[string]string) *mysqlstore.Store {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn(addr, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = params
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx := testCtx(t)
+	if err := mysqlstore.Migrate(ctx, mysqlstore.Config{DB: db}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := mysqlstore.Open(ctx, mysqlstore.Config{DB: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 func isCommit(body []byte) bool {
 	return len(body) == 7 && body[0] == 0x03 && string(body[1:]) == "COMMIT"
 }
@@ -155,21 +182,8 @@ func TestDoTxCommitLost(t *testing.T) {
 	name, direct := newDB(t)
 	makeLedger(t, direct)
 	proxy := newCutProxy(t, serverAddr())
-	db, err := sql.Open("mysql", dsn(proxy.ln.Addr().String(), name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	cfg := mysqlstore.Config{DB: db}
+	s := storeAt(t, proxy.ln.Addr().String(), name, nil)
 	ctx := testCtx(t)
-	if err := mysqlstore.Migrate(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	s, err := mysqlstore.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 
 	t.Run("cut before commit: rolled back", func(t *testing.T) {
 		proxy.mode.Store(cutBefore)
@@ -222,36 +236,14 @@ func TestClaimReplyLostNotResent(t *testing.T) {
 		"no liveness check":                {"checkConnLiveness": "false"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			dbName, direct := newDB(t)
+			dbName, _ := newDB(t)
 			isClaim := func(b []byte) bool {
 				return len(b) > 1 && b[0] == 0x03 && bytes.Contains(b, []byte("INTO `idem_records`")) && bytes.Contains(b, []byte("INSERT"))
 			}
 			proxy := newCutProxyAt(t, serverAddr(), isClaim)
-			cfg, err := mysql.ParseDSN(dsn(proxy.ln.Addr().String(), dbName))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.Params = params
-			db, err := sql.Open("mysql", cfg.FormatDSN())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
+			s := storeAt(t, proxy.ln.Addr().String(), dbName, params)
+			check := storeAt(t, serverAddr(), dbName, nil)
 			ctx := testCtx(t)
-			scfg := mysqlstore.Config{DB: db}
-			if err := mysqlstore.Migrate(ctx, scfg); err != nil {
-				t.Fatal(err)
-			}
-			s, err := mysqlstore.Open(ctx, scfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			check, err := mysqlstore.Open(ctx, mysqlstore.Config{DB: direct})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer check.Close()
 
 			for _, mode := range []int32{cutAfter, cutBefore} {
 				key := fmt.Sprintf("lost-%d", mode)

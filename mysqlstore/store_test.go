@@ -376,28 +376,12 @@ func uuidv7(t time.Time, n byte) []byte {
 // porcupine check failed now and then on a loaded machine. The answer must
 // be one of those two, and the record must agree with it.
 func TestFinishRacesClaimBetweenUpdateAndRead(t *testing.T) {
-	name, direct := newDB(t)
+	name, _ := newDB(t)
 	isRead := func(b []byte) bool { return b[0] == 0x03 && bytes.HasPrefix(b[1:], []byte("SELECT state, token FROM")) }
 	proxy := newCutProxyAt(t, serverAddr(), isRead)
-	db, err := sql.Open("mysql", dsn(proxy.ln.Addr().String(), name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	viaProxy := storeAt(t, proxy.ln.Addr().String(), name, nil)
+	other := storeAt(t, serverAddr(), name, nil)
 	ctx := testCtx(t)
-	if err := mysqlstore.Migrate(ctx, mysqlstore.Config{DB: direct}); err != nil {
-		t.Fatal(err)
-	}
-	viaProxy, err := mysqlstore.Open(ctx, mysqlstore.Config{DB: db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer viaProxy.Close()
-	other, err := mysqlstore.Open(ctx, mysqlstore.Config{DB: direct})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
 	for _, op := range []string{"release", "complete", "fail", "extend"} {
 		t.Run(op, func(t *testing.T) {
 			key := []byte("race-" + op)
