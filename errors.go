@@ -41,6 +41,13 @@ var (
 	// ErrCapacity: a bounded store is full of live records. It refuses new
 	// keys rather than evict records that still guard against duplicates.
 	ErrCapacity = errors.New("idem: store at capacity")
+	// ErrCorrupt: the stored record of a key cannot be decoded (damaged
+	// bytes, a value of the wrong type, an unknown format). It concerns that
+	// key alone: the operation changed nothing, other keys are served, and in
+	// a batch it is that entry's error. It is not ErrUnavailable (the store
+	// answered): fail-open must not let a message through on it, and retrying
+	// does not help; the record needs an operator.
+	ErrCorrupt = errors.New("idem: corrupt record")
 	// ErrClosed: the store or guard was closed.
 	ErrClosed = errors.New("idem: closed")
 	// ErrUnrecorded: the handler's effect happened but its completion could
