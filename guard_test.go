@@ -433,11 +433,7 @@ func TestCompleteBatch(t *testing.T) {
 	acquire := func(t *testing.T, g *idem.Guard, keys ...string) []*idem.Held {
 		var hs []*idem.Held
 		for _, k := range keys {
-			var opts []idem.CallOption
-			if k == "c" {
-				opts = append(opts, idem.WithCallLease(50*time.Millisecond))
-			}
-			h, _, err := g.Acquire(ctx, []byte(k), opts...)
+			h, _, err := g.Acquire(ctx, []byte(k))
 			if err != nil || h == nil {
 				t.Fatalf("acquire %q: %v", k, err)
 			}
@@ -465,9 +461,9 @@ func TestCompleteBatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, fs := tc.store(t)
-			g := newGuard(t, st, idem.WithHeartbeat(-1))
+			g := newGuard(t, st, idem.WithLease(50*time.Millisecond), idem.WithHeartbeat(-1))
 			hs := acquire(t, g, "a", "b", "c")
-			// "c" (a 50 ms lease) stalls past its lease and is taken over.
+			// "c" stalls past its lease and is taken over.
 			time.Sleep(60 * time.Millisecond)
 			g2 := newGuard(t, st)
 			if h, _, err := g2.Acquire(ctx, []byte("c")); err != nil || h == nil {

@@ -355,35 +355,27 @@ func (b *backend) sweeper() {
 }
 
 // purge removes up to limit (<= 0: all) expired records of one namespace in
-// transactions that examine at most SweepChunk index entries each.
+// transactions of at most SweepChunk records.
 func (b *backend) purge(ctx context.Context, name []byte, limit int) (int, error) {
-	total, damaged := 0, 0
-	var from []byte
-	defer func() {
-		if damaged > 0 {
-			b.cfg.Logger.Warn("boltstore: purge left records it cannot decode", "path", b.cfg.Path, "namespace", string(name[len(nsPrefix):]), "damaged", damaged)
-		}
-	}()
+	total := 0
 	for limit <= 0 || total < limit {
 		chunk := b.cfg.SweepChunk
 		if limit > 0 {
 			chunk = min(chunk, limit-total)
 		}
-		var res purgeResult
+		var n int
 		err := b.do(ctx, func(w *wtx, now int64) (error, error) {
 			var err error
-			res, err = purgeTx(w, name, now, chunk, from)
+			n, err = purgeTx(w, name, now, chunk)
 			return nil, err
 		})
 		if err != nil {
 			return total, err
 		}
-		total += res.removed
-		damaged += res.damaged
-		if res.next == nil {
+		total += n
+		if n < chunk {
 			break
 		}
-		from = res.next
 	}
 	return total, nil
 }

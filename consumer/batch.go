@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
-	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
@@ -20,62 +19,23 @@ type pending struct {
 	attempts int
 }
 
-// batchWorker fills a batch from its queue (up to Batch.Size messages or
-// Batch.Wait after the first) and processes it.
-func (c *Consumer) batchWorker(ctx context.Context, q <-chan *delivery) {
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	for {
-		d, ok := <-q
-		if !ok {
-			return
-		}
-		batch := []*delivery{d}
-		timer.Reset(c.cfg.Batch.Wait)
-	fill:
-		for len(batch) < c.cfg.Batch.Size {
-			select {
-			case d, ok := <-q:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, d)
-			case <-timer.C:
-				break fill
-			}
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		if ctx.Err() != nil {
-			for _, d := range batch {
-				c.nak(ctx, d, 0, "shutdown timeout")
-			}
-		} else {
-			c.processBatch(ctx, batch)
-		}
-		c.win.release(len(batch))
-	}
-}
-
 // processBatch claims the batch's keys in one round trip, settles
-// duplicates and keys in progress, and runs the handler on the rest.
-func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) {
+// duplicates and keys in progress, and runs the handler on the rest. It
+// returns what it holds.
+func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) []*hold {
 	// Same key twice in one batch: claim it once; the later copies follow
 	// the first one's fate (acked if it completes, nak'ed otherwise).
 	first := make(map[string]*delivery, len(batch))
 	claims := make([]*delivery, 0, len(batch))
+	var hs []*hold
 	for _, d := range batch {
 		if d.keyErr != nil {
-			c.missingKey(broker.ExtractTrace(ctx, d.m), d)
+			hs = append(hs, c.missingKey(broker.ExtractTrace(ctx, d.m), d)...)
 			continue
 		}
 		if f := first[string(d.key)]; f != nil {
 			if !bytes.Equal(f.fp, d.fp) {
-				c.deadLetter(ctx, d, "fingerprint mismatch: key reused with another payload in the same batch")
+				hs = append(hs, c.deadLetter(ctx, d, "fingerprint mismatch: key reused with another payload in the same batch")...)
 				continue
 			}
 			f.followers = append(f.followers, d)
@@ -85,44 +45,57 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) {
 		claims = append(claims, d)
 	}
 	if len(claims) == 0 {
-		return
+		return hs
 	}
 	if c.cfg.TxBatchHandler != nil {
-		c.processTxBatch(ctx, claims)
-		return
+		return append(hs, c.processTx(ctx, claims)...)
 	}
+	return append(hs, c.claimAndRun(ctx, claims)...)
+}
+
+// claimAndRun claims claims (deliveries with distinct keys, followers
+// attached) and runs the handler on the new ones.
+func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold {
 	items := make([]idem.BatchItem, len(claims))
 	for i, d := range claims {
 		items[i] = idem.BatchItem{Key: d.key, Fingerprint: d.fp}
 	}
 	acqs, err := c.cfg.Guard.AcquireBatch(ctx, items)
-	if err != nil {
-		c.storeDown()
-		c.log.Warn("consumer: batch claim failed; failing closed", "messages", len(batch), "err", err, "retry_in", c.cfg.StoreDownDelay)
-		for _, d := range claims {
-			c.nak(ctx, d, c.cfg.StoreDownDelay, "store unavailable")
-		}
-		return
+	if err == nil && len(acqs) != len(claims) {
+		err = fmt.Errorf("%w: %d acquisitions for %d claims", idem.ErrUnknownOutcome, len(acqs), len(claims))
 	}
+	if err != nil {
+		// Fail closed, and keep the messages: a nak would spend one of
+		// the broker's deliveries of each.
+		c.storeDown()
+		return []*hold{{
+			ds: claims, reason: HoldStoreUnavailable, err: err,
+			retry: func(ctx context.Context) []*hold { return c.claimAndRun(ctx, claims) },
+			giveUp: func(ctx context.Context) {
+				c.handBackAll(ctx, claims, "store unavailable at shutdown")
+			},
+		}}
+	}
+	c.storeAnswered()
+	var hs []*hold
 	fresh := make([]pending, 0, len(claims))
 	for i, a := range acqs {
 		d := claims[i]
 		switch {
 		case a.Err != nil:
-			c.claimFailed(ctx, d, a.Err)
+			hs = append(hs, c.claimFailed(ctx, d, a.Err)...)
 		case a.Held == nil:
 			c.stats.duplicates.Add(int64(1 + len(d.followers)))
-			c.ack(ctx, d)
+			c.ack(ctx, d, true)
 		default:
 			fresh = append(fresh, pending{d: d, held: a.Held, attempts: a.Result.Attempts})
 		}
 	}
 	if len(fresh) == 0 {
-		return
+		return hs
 	}
 	if c.cfg.Batch.GroupBy == nil {
-		c.runGroup(ctx, fresh)
-		return
+		return append(hs, c.runGroup(ctx, fresh)...)
 	}
 	var order []string
 	groups := map[string][]pending{}
@@ -134,61 +107,144 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) {
 		groups[g] = append(groups[g], p)
 	}
 	for _, g := range order {
-		c.runGroup(ctx, groups[g])
+		hs = append(hs, c.runGroup(ctx, groups[g])...)
 	}
+	return hs
 }
 
 // runGroup runs the batch handler on ps, with in-process retries of a
-// whole-batch failure, then settles every message.
-func (c *Consumer) runGroup(ctx context.Context, ps []pending) {
-	msgs := make([]*broker.Message, len(ps))
-	ds := make([]*delivery, len(ps))
-	for i, p := range ps {
-		msgs[i], ds[i] = p.m(), p.d
-	}
-	var err error
-	for try := 0; ; try++ {
-		err = c.runBatchHandler(ctx, msgs, ds)
+// whole-batch failure, then settles every message. Messages whose claim
+// was lost while the handler ran take the claim-lost path and the handler
+// runs again at once on the others (the lost claim cancelled its
+// context): no attempt is counted for them.
+func (c *Consumer) runGroup(ctx context.Context, ps []pending) []*hold {
+	var hs []*hold
+	for try := 0; ; {
+		leaseLost, err := c.runBatchHandler(ctx, ps)
 		var pe *PartialError
-		if err == nil || errors.As(err, &pe) || !c.retryInProcess(ctx, try, err, nil) {
-			break
+		if err != nil && !errors.As(err, &pe) {
+			err = c.classify(err)
 		}
-	}
-	var pe *PartialError
-	switch {
-	case err == nil:
-		c.completeAll(ctx, ps)
-	case errors.As(err, &pe):
-		ok := make([]pending, 0, len(ps))
+		if err == nil {
+			// A claim lost meanwhile shows as a fenced completion.
+			return append(hs, c.completeAll(ctx, ps)...)
+		}
+		live := ps[:0:0]
+		gone := make([]bool, len(ps))
 		for i, p := range ps {
-			if ferr, failed := pe.Failed[i]; failed {
-				if ferr == nil {
-					ferr = errors.New("failed in batch")
-				}
-				c.handlerFailed(ctx, p.d, p.held, p.attempts, ferr)
+			if lost(p.held) {
+				gone[i] = true
+				hs = append(hs, c.claimLost(ctx, p.d, "claim lost while the batch ran")...)
 			} else {
-				ok = append(ok, p)
+				live = append(live, p)
 			}
 		}
-		c.completeAll(ctx, ok)
-	default:
-		c.log.Warn("consumer: batch failed as a whole", "messages", len(ps), "err", err)
-		if c.cfg.Batch.OnFailure == BatchDeadLetter {
-			err = idem.Permanent(err)
+		switch {
+		case pe != nil:
+			return append(hs, c.settlePartial(ctx, ps, gone, pe)...)
+		case len(live) == 0:
+			return hs
+		case c.transient(err):
+			return append(hs, c.holdGroup(live, err))
+		case leaseLost && len(live) < len(ps):
+			ps = live // the others were cancelled with the lost ones
+			continue
 		}
-		for _, p := range ps {
-			c.handlerFailed(ctx, p.d, p.held, p.attempts, err)
+		ps = live
+		if !c.retryInProcess(ctx, try, err, nil) {
+			c.log.Warn("consumer: batch failed as a whole", "messages", len(ps), "err", err)
+			if c.cfg.Batch.OnFailure == BatchDeadLetter {
+				err = idem.Permanent(err)
+			}
+			for _, p := range ps {
+				hs = append(hs, c.handlerFailed(ctx, p.d, p.held, p.attempts, err)...)
+			}
+			return hs
 		}
+		try++
 	}
 }
 
-func (p pending) m() *broker.Message { return p.d.m }
+// settlePartial settles a group after a *PartialError: the failed messages
+// take the single-message failure path (held, keeping their claims, when
+// their error is transient), the others are completed. Messages whose
+// claim was lost (gone) were settled already.
+func (c *Consumer) settlePartial(ctx context.Context, ps []pending, gone []bool, pe *PartialError) []*hold {
+	var hs []*hold
+	ok := make([]pending, 0, len(ps))
+	var transient []pending
+	var terr error
+	for i, p := range ps {
+		if gone[i] {
+			continue
+		}
+		ferr, failed := pe.Failed[i]
+		if !failed {
+			ok = append(ok, p)
+			continue
+		}
+		if ferr == nil {
+			ferr = errors.New("failed in batch")
+		}
+		ferr = c.classify(ferr)
+		if c.transient(ferr) {
+			transient = append(transient, p)
+			terr = ferr
+			continue
+		}
+		hs = append(hs, c.handlerFailed(ctx, p.d, p.held, p.attempts, ferr)...)
+	}
+	hs = append(hs, c.completeAll(ctx, ok)...)
+	if len(transient) > 0 {
+		hs = append(hs, c.holdGroup(transient, terr))
+	}
+	return hs
+}
+
+// holdGroup keeps ps and their claims after a transient failure; the
+// handler runs on them again later.
+func (c *Consumer) holdGroup(ps []pending, err error) *hold {
+	ds := make([]*delivery, len(ps))
+	for i, p := range ps {
+		ds[i] = p.d
+	}
+	return &hold{
+		ds: ds, reason: HoldHandlerUnavailable, err: err, wait: transientWait(err),
+		retry: func(ctx context.Context) []*hold {
+			var hs []*hold
+			live := ps[:0:0]
+			for _, p := range ps {
+				if lost(p.held) {
+					hs = append(hs, c.claimLost(ctx, p.d, "claim lost while held")...)
+				} else {
+					live = append(live, p)
+				}
+			}
+			if len(live) == 0 {
+				return hs
+			}
+			return append(hs, c.runGroup(ctx, live)...)
+		},
+		giveUp: func(ctx context.Context) {
+			for _, p := range ps {
+				if rerr := p.held.Release(ctx, err); rerr != nil {
+					c.log.Warn("consumer: release at shutdown failed; the key is free once its lease lapses", "msg_id", p.d.m.ID, "err", rerr)
+				}
+				c.handBack(ctx, p.d, "handler unavailable at shutdown")
+			}
+		},
+	}
+}
 
 // completeAll records and acks every message of a successful batch: in one
 // round trip when the store is an idem.BatchCompleter; otherwise the guard
 // completes keys one by one (a round trip each on a networked store), so
-// chunks of the batch complete in parallel.
-func (c *Consumer) completeAll(ctx context.Context, ps []pending) {
+// chunks of the batch complete in parallel. The broker keeps getting
+// InProgress for each message until it is acked.
+func (c *Consumer) completeAll(ctx context.Context, ps []pending) []*hold {
+	if len(ps) == 0 {
+		return nil
+	}
 	ctx, cancel := settlingFor(ctx, len(ps))
 	defer cancel()
 	if _, ok := c.cfg.Guard.Store().(idem.BatchCompleter); ok {
@@ -196,19 +252,25 @@ func (c *Consumer) completeAll(ctx context.Context, ps []pending) {
 		for i, p := range ps {
 			hs[i] = p.held
 		}
+		var held []*hold
 		for i, err := range c.cfg.Guard.CompleteBatch(ctx, hs, nil) {
-			c.completed(ctx, ps[i].d, err)
+			held = append(held, c.completed(ctx, ps[i].d, ps[i].held, nil, err)...)
 		}
-		return
+		return held
 	}
 	par := min(c.cfg.Batch.SettleConcurrency, (len(ps)+63)/64)
 	if par <= 1 {
+		var held []*hold
 		for _, p := range ps {
-			c.completed(ctx, p.d, p.held.Complete(ctx, nil))
+			held = append(held, c.completed(ctx, p.d, p.held, nil, p.held.Complete(ctx, nil))...)
 		}
-		return
+		return held
 	}
-	var wg sync.WaitGroup
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		held []*hold
+	)
 	chunk := (len(ps) + par - 1) / par
 	for start := 0; start < len(ps); start += chunk {
 		part := ps[start:min(start+chunk, len(ps))]
@@ -216,24 +278,41 @@ func (c *Consumer) completeAll(ctx context.Context, ps []pending) {
 		go func() {
 			defer wg.Done()
 			for _, p := range part {
-				c.completed(ctx, p.d, p.held.Complete(ctx, nil))
+				if h := c.completed(ctx, p.d, p.held, nil, p.held.Complete(ctx, nil)); len(h) > 0 {
+					mu.Lock()
+					held = append(held, h...)
+					mu.Unlock()
+				}
 			}
 		}()
 	}
 	wg.Wait()
+	return held
 }
 
-// runBatchHandler runs the handler with InProgress heartbeats for every
-// message of the batch and turns a panic into an error.
-func (c *Consumer) runBatchHandler(ctx context.Context, msgs []*broker.Message, ds []*delivery) (err error) {
-	hctx, cancel := context.WithCancelCause(ctx)
-	stop := c.keepAlive(hctx, cancel, nil, ds...)
-	defer stop()
+// runBatchHandler runs the handler with each message's token in its
+// context (MessageToken), the context cancelled with idem.ErrLeaseLost if
+// any claim is lost, and a panic turned into an error. leaseLost reports
+// that cancellation.
+func (c *Consumer) runBatchHandler(ctx context.Context, ps []pending) (leaseLost bool, err error) {
+	msgs := make([]*broker.Message, len(ps))
+	helds := make([]*idem.Held, len(ps))
+	ds := make([]*delivery, len(ps))
+	info := &batchInfo{tokens: make(map[*broker.Message]uint64, len(ps))}
+	for i, p := range ps {
+		msgs[i], helds[i], ds[i] = p.d.m, p.held, p.d
+		info.tokens[p.d.m] = p.held.Token()
+	}
+	hctx, stop := watchLeases(context.WithValue(ctx, batchKey{}, info), nil, helds, ds)
+	defer func() {
+		leaseLost = errors.Is(context.Cause(hctx), idem.ErrLeaseLost)
+		stop()
+	}()
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("consumer: batch handler panicked", "messages", len(msgs), "panic", r, "stack", string(debug.Stack()))
 			err = fmt.Errorf("consumer: batch handler panicked: %v", r)
 		}
 	}()
-	return c.cfg.BatchHandler(hctx, msgs)
+	return false, c.cfg.BatchHandler(hctx, msgs)
 }

@@ -2,10 +2,13 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
@@ -72,20 +75,13 @@ func TestBatchPartialFailure(t *testing.T) {
 	cfg.MaxAttempts = 2
 	cfg.DeadLetter = e.b.NewPublisher()
 	led := newLedger()
-	cfg.BatchHandler = func(ctx context.Context, ms []*broker.Message) error {
-		failed := map[int]error{}
-		for i, m := range ms {
-			if strings.HasPrefix(m.ID, "bad") {
-				failed[i] = errBoom
-				continue
-			}
-			led.add(m.ID, "")
+	setEffect(&cfg, "batch", func(m *broker.Message) error {
+		if strings.HasPrefix(m.ID, "bad") {
+			return errBoom
 		}
-		if len(failed) > 0 {
-			return &consumer.PartialError{Failed: failed}
-		}
+		led.add(m.ID, "")
 		return nil
-	}
+	})
 	e.publish(msg("a", "x"), msg("bad-1", "x"), msg("b", "x"))
 	c, _ := consumer.New(cfg)
 	stop := run(t, c)
@@ -191,6 +187,135 @@ func TestBatchGroupBy(t *testing.T) {
 	for i := 2; i < 9; i += 3 {
 		if e.log.Acks(fmt.Sprint(i)) != 0 {
 			t.Fatal("message of the failing group acked")
+		}
+	}
+}
+
+// TestBatchMessageTokens (issue 11.11): a batch handler gets each
+// message's fencing token through MessageToken; single mode too.
+func TestBatchMessageTokens(t *testing.T) {
+	for _, mode := range []string{"single", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config(e.sub("g"))
+			cfg.Workers = 1
+			cfg.Batch.Wait = 20 * time.Millisecond
+			var mu sync.Mutex
+			got := map[string]uint64{}
+			check := func(ctx context.Context, m *broker.Message) {
+				tok, ok := consumer.MessageToken(ctx, m)
+				if !ok || tok == 0 {
+					t.Errorf("no token for %s", m.ID)
+				}
+				if _, ok := consumer.MessageToken(ctx, msg("stranger", "x")); ok {
+					t.Error("a token for a message the handler was not given")
+				}
+				mu.Lock()
+				got[m.ID] = tok
+				mu.Unlock()
+			}
+			if mode == "batch" {
+				cfg.BatchHandler = func(ctx context.Context, ms []*broker.Message) error {
+					for _, m := range ms {
+						check(ctx, m)
+					}
+					return nil
+				}
+			} else {
+				cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+					check(ctx, m)
+					if tok, _ := consumer.TokenFromContext(ctx); tok != got[m.ID] {
+						t.Errorf("TokenFromContext %d, MessageToken %d", tok, got[m.ID])
+					}
+					return nil, nil
+				}
+			}
+			c, _ := consumer.New(cfg)
+			stop := run(t, c)
+			e.publish(msg("a", "x"), msg("b", "x"), msg("c", "x"))
+			waitFor(t, "acks", func() bool { return c.Stats().Handled == 3 })
+			stop()
+			for _, id := range []string{"a", "b", "c"} {
+				rec, err := e.store.Get(context.Background(), []byte(id))
+				if err != nil || rec.Token != got[id] {
+					t.Fatalf("%s: record token %d (%v), handler saw %d", id, rec.Token, err, got[id])
+				}
+			}
+			if _, ok := consumer.MessageToken(context.Background(), msg("a", "x")); ok {
+				t.Fatal("a token outside a handler")
+			}
+		})
+	}
+}
+
+// TestBatchLeaseLossCancelsHandler (issue 11.11): when one message's claim
+// is lost while the batch handler runs, the handler's context is cancelled
+// with ErrLeaseLost naming it; that message is nak'ed (never acked) and
+// the handler runs again at once on the others, whose claims are intact.
+func TestBatchLeaseLossCancelsHandler(t *testing.T) {
+	e := newEnv(t)
+	g, err := idem.NewGuard(e.store, idem.WithLease(200*time.Millisecond), idem.WithHeartbeat(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	cfg := e.config(e.sub("g"))
+	cfg.Guard = g
+	cfg.Workers = 1
+	cfg.Batch.Wait = 50 * time.Millisecond
+	cause := make(chan error, 1)
+	var mu sync.Mutex
+	var calls [][]string
+	led := newLedger()
+	cfg.BatchHandler = func(ctx context.Context, ms []*broker.Message) error {
+		var ids []string
+		for _, m := range ms {
+			ids = append(ids, m.ID)
+		}
+		mu.Lock()
+		calls = append(calls, ids)
+		first := len(calls) == 1
+		mu.Unlock()
+		if first {
+			// An operator deletes b's record while the batch runs.
+			if err := e.store.Delete(context.Background(), []byte("b")); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				cause <- context.Cause(ctx)
+				return ctx.Err() // the transaction rolled back
+			case <-time.After(10 * time.Second):
+				cause <- nil
+				return nil
+			}
+		}
+		for _, m := range ms {
+			led.add(m.ID, "")
+		}
+		return nil
+	}
+	c, _ := consumer.New(cfg)
+	stop := run(t, c)
+	e.publish(msg("a", "x"), msg("b", "x"), msg("c", "x"))
+	err = <-cause
+	if !errors.Is(err, idem.ErrLeaseLost) || !strings.Contains(err.Error(), `"b"`) {
+		t.Fatalf("batch context cause = %v, want ErrLeaseLost naming b", err)
+	}
+	waitFor(t, "all three done", func() bool { return led.count("a") == 1 && led.count("b") == 1 && led.count("c") == 1 })
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) < 2 || fmt.Sprint(calls[1]) != "[a c]" {
+		t.Fatalf("handler calls %v, want the second on [a c]", calls)
+	}
+	if len(e.log.Naks("b")) == 0 || e.log.Acks("b") != 1 {
+		t.Fatalf("b: naks %v, acks %d; want nak'ed after losing its claim, then handled", e.log.Naks("b"), e.log.Acks("b"))
+	}
+	for _, id := range []string{"a", "c"} {
+		rec, err := e.store.Get(context.Background(), []byte(id))
+		if err != nil || rec.Attempts != 1 || len(e.log.Naks(id)) != 0 {
+			t.Fatalf("%s: record %+v (%v), naks %v; want done on its first claim", id, rec, err, e.log.Naks(id))
 		}
 	}
 }

@@ -105,12 +105,25 @@ type Config struct {
 	Subscriber broker.Subscriber
 	// Guard decides which messages are new (required).
 	Guard *idem.Guard
-	// Exactly one of Handler, BatchHandler and TxBatchHandler (the batch
-	// ones use Batch).
+	// Exactly one of Handler, BatchHandler, TxHandler and TxBatchHandler
+	// (the batch ones use Batch).
 	Handler        Handler
 	BatchHandler   BatchHandler
+	TxHandler      TxHandler
 	TxBatchHandler TxBatchHandler
 	Batch          BatchConfig
+
+	// ClassifyError, if set, maps a handler's error onto idem's sentinels
+	// after the runtime's own classification (idem.ClassifyError, then the
+	// guard's store's idem.ErrorClassifier), for effects in a system whose
+	// errors neither knows: wrap idem.ErrUnavailable (not reached, nothing
+	// applied) or idem.ErrUnknownOutcome (may have been applied), or return
+	// the error unchanged. Errors classified either way hold the message
+	// and retry it without spending an attempt.
+	ClassifyError func(err error) error
+	// Hooks observe acks, naks, holds, dead letters and unrecorded
+	// completions (metrics).
+	Hooks Hooks
 
 	// Key extracts the idempotency key. Default MessageIDKey.
 	Key KeyFunc
@@ -141,8 +154,10 @@ type Config struct {
 	InProcessRetries int
 	InProcessMaxWait time.Duration // default 1s
 	Backoff          Backoff
-	// StoreDownDelay is the Nak delay when the store cannot be reached
-	// (fail closed: nothing runs, nothing is acked). Default 5s.
+	// StoreDownDelay bounds the wait between retries of a delivery held
+	// because the store (or the handler's system) could not be reached, and
+	// is how long fetching pauses after a store failure (fail closed:
+	// nothing runs, nothing is acked, nothing is nak'ed). Default 5s.
 	StoreDownDelay time.Duration
 
 	// Workers run handlers; different order keys run in parallel. Default 16.
@@ -152,14 +167,19 @@ type Config struct {
 	MaxInFlight int
 	// FetchBatch is the most messages asked for in one Fetch. Default 256.
 	FetchBatch int
-	// InProgressInterval is how often the broker is told a running
-	// handler is alive (Acker.InProgress), so it does not redeliver during
-	// a long effect. Keep it under the broker's ack wait. Default 10s;
-	// negative disables it.
+	// InProgressInterval is how often the broker is told a delivery is
+	// still being worked on (Acker.InProgress): from its fetch until it is
+	// settled, while it waits for a worker, while its handler runs, while
+	// its completion is recorded and while it is held, so the broker does
+	// not redeliver it. A delivery is signalled between one and 1.25
+	// intervals after the last signal: keep it under half the broker's ack
+	// wait. Default 10s; negative disables it.
 	InProgressInterval time.Duration
 	// ShutdownTimeout bounds the drain after Run's context ends: messages
-	// already fetched are handled and settled within it; what is left
-	// after it is nak'ed. Default 30s.
+	// already fetched are handled and settled within it; held ones are
+	// handed back at once; what is left after it is handed back too (a
+	// nak, or a dead letter for a message on its last broker delivery).
+	// Default 30s.
 	ShutdownTimeout time.Duration
 
 	Logger *slog.Logger
@@ -244,13 +264,13 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("Guard is required"))
 	}
 	handlers := 0
-	for _, set := range []bool{c.Handler != nil, c.BatchHandler != nil, c.TxBatchHandler != nil} {
+	for _, set := range []bool{c.Handler != nil, c.BatchHandler != nil, c.TxHandler != nil, c.TxBatchHandler != nil} {
 		if set {
 			handlers++
 		}
 	}
 	if handlers != 1 {
-		errs = append(errs, errors.New("set exactly one of Handler, BatchHandler and TxBatchHandler"))
+		errs = append(errs, errors.New("set exactly one of Handler, BatchHandler, TxHandler and TxBatchHandler"))
 	}
 	if c.MaxAttempts < 0 || c.InProcessRetries < 0 || c.Workers < 0 || c.MaxInFlight < 0 ||
 		c.FetchBatch < 0 || c.Batch.Size < 0 || c.Batch.SettleConcurrency < 0 {

@@ -2,15 +2,12 @@ package consumer
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"maps"
 	"math"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,57 +16,91 @@ import (
 	"github.com/idem-dev/idem/broker"
 )
 
-// Headers added to dead-lettered messages.
-const (
-	HeaderDeadLetterReason = "idem-dead-letter-reason"
-	HeaderOriginalTopic    = "idem-original-topic"
-	HeaderOriginalID       = "idem-original-id"
-	HeaderDelivery         = "idem-delivery"
-)
-
 // Stats counts what a Consumer did with its deliveries.
 type Stats struct {
 	Handled      int64 // handler ran and its completion was recorded; acked
-	Duplicates   int64 // key already completed; acked without running
+	Duplicates   int64 // key already completed (or message already dead-lettered); acked or terminated without running
 	Naked        int64 // sent back to the broker with a delay
 	DeadLettered int64 // published to the dead-letter topic (or rejected) and terminated
 	StoreErrors  int64 // claims or settles that failed on the store (fail closed)
 	Unrecorded   int64 // effect done, completion not recorded; acked and logged
 	SettleErrors int64 // ack/nak/term calls the broker refused
+	// Holds counts deliveries the consumer kept instead of handing them
+	// back (store or handler's system unavailable, last broker delivery,
+	// failing dead-letter publish); HeldNow is how many are held now.
+	Holds   int64
+	HeldNow int64
+	// DeadLetterErrors counts dead-letter publishes that failed (each
+	// retry counts).
+	DeadLetterErrors int64
 }
 
 type counters struct {
 	handled, duplicates, naked, deadLettered, storeErrors, unrecorded, settleErrors atomic.Int64
+	holds, heldNow, deadLetterErrors                                                atomic.Int64
 }
 
 // Consumer runs a handler over a subscriber's deliveries through the
 // guard. Create it with New and start it with Run.
 type Consumer struct {
-	cfg   Config
-	log   *slog.Logger
-	seed  maphash.Seed
-	win   *window
-	stats counters
-	ran   atomic.Bool
+	cfg           Config
+	log           *slog.Logger
+	seed          maphash.Seed
+	win           *window
+	stats         counters
+	ran           atomic.Bool
+	maxDeliveries int        // the subscriber's delivery limit; 0: none
+	inflight      *inflight  // nil when InProgressInterval < 0
+	store         storeState // whether the guard's store is known down
+	classifier    func(error) error
 	// pausedUntil (unix nanos): the store failed; fetching waits until
-	// then instead of naking the whole backlog, since each nak costs a
-	// delivery against the broker's MaxDeliver.
+	// then (or until the store answers) instead of fetching messages that
+	// would only be held.
 	pausedUntil atomic.Int64
 }
 
-// storeDown records a store failure: fetching pauses for StoreDownDelay.
+// storeDown records a store failure: fetching pauses for StoreDownDelay
+// and held deliveries waiting for the store retry one at a time.
 func (c *Consumer) storeDown() {
+	c.pauseFetching()
+	c.store.markDown()
 	c.stats.storeErrors.Add(1)
+}
+
+// pauseFetching stops fetching for StoreDownDelay or until the store
+// answers.
+func (c *Consumer) pauseFetching() {
 	c.pausedUntil.Store(time.Now().Add(c.cfg.StoreDownDelay).UnixNano())
+}
+
+// storeAnswered records that a store call succeeded: if the store was
+// down, fetching resumes and held deliveries retry now.
+func (c *Consumer) storeAnswered() {
+	if c.store.markUp() {
+		c.pausedUntil.Store(0)
+		c.log.Info("consumer: store answers again; resuming held deliveries")
+	}
 }
 
 // delivery is one fetched message on its way through a worker.
 type delivery struct {
+	c         *Consumer
 	m         *broker.Message
 	key       []byte
 	keyErr    error
 	fp        []byte
+	okey      []byte      // order key; empty for none
+	worker    int         // index of the worker it is routed to
 	followers []*delivery // same key later in the same batch: settled like this one
+	settled   atomic.Bool
+	held      atomic.Bool
+	steps     *stepState // step claims kept while the delivery is held (Steps)
+	txFails   int        // in-process retries after failures, tx modes (attempts = Delivery + txFails)
+
+	// inflight list links, guarded by shard.mu
+	prev, next *delivery
+	shard      *inflightShard
+	lastSignal time.Time
 }
 
 // New checks cfg and returns a Consumer. It warns (through the guard's
@@ -88,12 +119,20 @@ func New(cfg Config) (*Consumer, error) {
 		}
 		_ = cfg.Guard.CheckRedeliveryWindow(w)
 	}
-	return &Consumer{
+	c := &Consumer{
 		cfg:  cfg,
 		log:  cfg.Logger,
 		seed: maphash.MakeSeed(),
 		win:  newWindow(cfg.MaxInFlight),
-	}, nil
+	}
+	if dl, ok := cfg.Subscriber.(broker.DeliveryLimiter); ok {
+		c.maxDeliveries = dl.MaxDeliveries()
+	}
+	if cfg.InProgressInterval > 0 {
+		c.inflight = newInflight(c, cfg.InProgressInterval)
+	}
+	c.classifier = classifierFor(cfg)
+	return c, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -103,40 +142,43 @@ func (c *Consumer) Stats() Stats {
 		Handled: s.handled.Load(), Duplicates: s.duplicates.Load(), Naked: s.naked.Load(),
 		DeadLettered: s.deadLettered.Load(), StoreErrors: s.storeErrors.Load(),
 		Unrecorded: s.unrecorded.Load(), SettleErrors: s.settleErrors.Load(),
+		Holds: s.holds.Load(), HeldNow: s.heldNow.Load(), DeadLetterErrors: s.deadLetterErrors.Load(),
 	}
 }
 
 // Run fetches and handles messages until ctx ends or the subscriber is
 // closed, then drains: messages already fetched are handled and settled
-// within ShutdownTimeout (handlers keep a live context until then), the
-// rest are nak'ed. It returns nil after a shutdown through ctx,
-// broker.ErrClosed if the subscriber was closed under it. Run may be
-// called once.
+// within ShutdownTimeout (handlers keep a live context until then), held
+// ones are handed back at once (nak, or dead-letter on a last delivery),
+// what is left after the timeout is handed back too. It returns nil after
+// a shutdown through ctx, broker.ErrClosed if the subscriber was closed
+// under it. Run may be called once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run called twice")
 	}
 	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
+	if c.inflight != nil {
+		c.inflight.start()
+		defer c.inflight.close()
+	}
 	queues := make([]chan *delivery, c.cfg.Workers)
 	var wg sync.WaitGroup
 	for i := range queues {
 		queues[i] = make(chan *delivery, c.cfg.MaxInFlight)
+		w := c.newWorker(queues[i])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if c.cfg.BatchHandler != nil || c.cfg.TxBatchHandler != nil {
-				c.batchWorker(workCtx, queues[i])
-			} else {
-				c.worker(workCtx, queues[i])
-			}
+			w.run(workCtx)
 		}()
 	}
 	runErr := c.fetchLoop(ctx, queues)
 	for _, q := range queues {
 		close(q)
 	}
-	// Drain; past the deadline workers nak what is left (workCtx done).
+	// Drain; past the deadline workers hand back what is left (workCtx done).
 	t := time.AfterFunc(c.cfg.ShutdownTimeout, stopWork)
 	wg.Wait()
 	t.Stop()
@@ -153,12 +195,9 @@ func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error
 		if err != nil {
 			return nil
 		}
-		if d := time.Until(time.Unix(0, c.pausedUntil.Load())); d > 0 {
-			c.log.Debug("consumer: store down; fetching paused", "for", d)
-			if !sleep(ctx, d) {
-				c.win.release(n)
-				return nil
-			}
+		if !c.waitPause(ctx) {
+			c.win.release(n)
+			return nil
 		}
 		msgs, err := c.cfg.Subscriber.Fetch(ctx, n)
 		if len(msgs) > n {
@@ -166,9 +205,13 @@ func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error
 		} else {
 			c.win.release(n - len(msgs))
 		}
+		now := time.Now()
 		for _, m := range msgs {
 			d := c.prepare(m)
-			queues[c.workerFor(m, d)] <- d
+			if c.inflight != nil {
+				c.inflight.add(d, now)
+			}
+			queues[d.worker] <- d
 		}
 		if err == nil {
 			errDelay = 100 * time.Millisecond
@@ -188,8 +231,29 @@ func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error
 	}
 }
 
+// waitPause waits while fetching is paused for a store failure, until the
+// pause ends or the store answers; false when ctx ended.
+func (c *Consumer) waitPause(ctx context.Context) bool {
+	for {
+		d := time.Until(time.Unix(0, c.pausedUntil.Load()))
+		if d <= 0 {
+			return true
+		}
+		c.log.Debug("consumer: store down; fetching paused", "for", d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-c.store.upCh():
+			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+}
+
 func (c *Consumer) prepare(m *broker.Message) (d *delivery) {
-	d = &delivery{m: m}
+	d = &delivery{c: c, m: m}
 	defer func() {
 		// User key, fingerprint and order functions run on the fetch
 		// loop: a panic there must not take the consumer down.
@@ -198,6 +262,7 @@ func (c *Consumer) prepare(m *broker.Message) (d *delivery) {
 			d.key, d.fp = nil, nil
 			d.keyErr = fmt.Errorf("%w: key function panicked: %v", ErrNoKey, r)
 		}
+		d.worker, d.okey = c.route(m, d)
 	}()
 	d.key, d.keyErr = c.cfg.Key(m)
 	if d.keyErr == nil {
@@ -211,49 +276,47 @@ func (c *Consumer) prepare(m *broker.Message) (d *delivery) {
 	return d
 }
 
-// workerFor routes a delivery: equal order keys go to the same worker.
-func (c *Consumer) workerFor(m *broker.Message, d *delivery) (w int) {
+// route picks d's worker and order key: equal order keys go to the same
+// worker. A message without an order key is not ordered with any other.
+func (c *Consumer) route(m *broker.Message, d *delivery) (w int, okey []byte) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("consumer: order key function panicked", "msg_id", m.ID, "panic", r)
-			w = 0
+			w, okey = 0, nil
 		}
 	}()
 	k := c.cfg.OrderKey(m, d.key)
 	if len(k) == 0 {
-		return 0
+		return 0, nil
 	}
-	return int(maphash.Bytes(c.seed, k) % uint64(c.cfg.Workers))
+	return int(maphash.Bytes(c.seed, k) % uint64(c.cfg.Workers)), k
 }
 
-func (c *Consumer) worker(ctx context.Context, q <-chan *delivery) {
-	for d := range q {
-		if ctx.Err() != nil {
-			c.nak(ctx, d, 0, "shutdown timeout")
-		} else {
-			c.handleOne(ctx, d)
-		}
-		c.win.release(1)
-	}
-}
-
-// handleOne runs one delivery through the guard and settles it.
-func (c *Consumer) handleOne(ctx context.Context, d *delivery) {
+// handleOne runs one delivery through the guard and settles it, or returns
+// it held.
+func (c *Consumer) handleOne(ctx context.Context, d *delivery) []*hold {
 	ctx = broker.ExtractTrace(ctx, d.m)
 	if d.keyErr != nil {
-		c.missingKey(ctx, d)
-		return
+		return c.missingKey(ctx, d)
+	}
+	if c.cfg.TxHandler != nil {
+		return c.processTx(ctx, []*delivery{d})
 	}
 	held, res, err := c.cfg.Guard.Acquire(ctx, d.key, idem.WithFingerprint(d.fp))
 	if err != nil {
-		c.claimFailed(ctx, d, err)
-		return
+		return c.claimFailed(ctx, d, err)
 	}
+	c.storeAnswered()
 	if held == nil {
 		c.stats.duplicates.Add(1)
-		c.ack(ctx, d)
-		return
+		c.ack(ctx, d, true)
+		return nil
 	}
+	return c.runClaimed(ctx, d, held, res.Attempts)
+}
+
+// runClaimed runs the handler under a claim and settles the outcome.
+func (c *Consumer) runClaimed(ctx context.Context, d *delivery, held *idem.Held, attempts int) []*hold {
 	val, herr := c.runWithRetries(ctx, d, held)
 	if herr == nil {
 		if err := idem.ValidateResult(val); err != nil {
@@ -262,10 +325,47 @@ func (c *Consumer) handleOne(ctx context.Context, d *delivery) {
 		}
 	}
 	if herr != nil {
-		c.handlerFailed(ctx, d, held, res.Attempts, herr)
-		return
+		if c.transient(herr) && !lost(held) {
+			return []*hold{c.holdClaimed(d, held, attempts, herr)}
+		}
+		d.steps.releaseAll(ctx, herr)
+		return c.handlerFailed(ctx, d, held, attempts, herr)
 	}
-	c.completed(ctx, d, held.Complete(ctx, val))
+	return c.completed(ctx, d, held, val, held.Complete(ctx, val))
+}
+
+// holdClaimed keeps d and its claim after a handler error classified as
+// unavailability: the claim stays held (its lease kept by the guard's
+// heartbeat) and the handler runs again later. Releasing it would make the
+// next claim count one more attempt.
+func (c *Consumer) holdClaimed(d *delivery, held *idem.Held, attempts int, herr error) *hold {
+	return &hold{
+		ds: []*delivery{d}, reason: HoldHandlerUnavailable, err: herr,
+		wait: transientWait(herr),
+		retry: func(ctx context.Context) []*hold {
+			if lost(held) {
+				d.steps.releaseAll(ctx, herr)
+				return c.claimLost(ctx, d, "claim lost while held")
+			}
+			return c.runClaimed(ctx, d, held, attempts)
+		},
+		giveUp: func(ctx context.Context) {
+			d.steps.releaseAll(ctx, herr)
+			if err := held.Release(ctx, herr); err != nil {
+				c.log.Warn("consumer: release at shutdown failed; the key is free once its lease lapses", "msg_id", d.m.ID, "err", err)
+			}
+			c.handBack(ctx, d, "handler unavailable at shutdown")
+		},
+	}
+}
+
+func lost(h *idem.Held) bool {
+	select {
+	case <-h.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *Consumer) runWithRetries(ctx context.Context, d *delivery, held *idem.Held) ([]byte, error) {
@@ -274,7 +374,8 @@ func (c *Consumer) runWithRetries(ctx context.Context, d *delivery, held *idem.H
 		if err == nil {
 			return val, nil
 		}
-		if !c.retryInProcess(ctx, try, err, held) {
+		err = c.classify(err)
+		if c.transient(err) || !c.retryInProcess(ctx, try, err, held) {
 			return nil, err
 		}
 	}
@@ -286,12 +387,8 @@ func (c *Consumer) retryInProcess(ctx context.Context, try int, err error, held 
 	if idem.IsPermanent(err) || try >= c.cfg.InProcessRetries || ctx.Err() != nil {
 		return false
 	}
-	if held != nil {
-		select {
-		case <-held.Done():
-			return false
-		default:
-		}
+	if held != nil && lost(held) {
+		return false
 	}
 	wait := c.cfg.Backoff.Delay(try)
 	if wait > c.cfg.InProcessMaxWait {
@@ -301,11 +398,9 @@ func (c *Consumer) retryInProcess(ctx context.Context, try int, err error, held 
 }
 
 // runHandler runs the handler with a context cancelled if the claim is
-// lost, telling the broker the message is in progress meanwhile, and turns
-// a panic into an error.
+// lost, and turns a panic into an error.
 func (c *Consumer) runHandler(ctx context.Context, d *delivery, held *idem.Held) (val []byte, err error) {
-	hctx, cancel := context.WithCancelCause(withHeld(ctx, d.key, held.Token()))
-	stop := c.keepAlive(hctx, cancel, held, d)
+	hctx, stop := watchLease(withHeld(ctx, d, held.Token()), held)
 	defer stop()
 	defer func() {
 		if r := recover(); r != nil {
@@ -316,81 +411,10 @@ func (c *Consumer) runHandler(ctx context.Context, d *delivery, held *idem.Held)
 	return c.cfg.Handler(hctx, d.m)
 }
 
-// keepAliveDelay: handlers faster than this get no watcher goroutine; a
-// lease lost that early only shows as a fenced completion, which is
-// handled the same way.
-const keepAliveDelay = 50 * time.Millisecond
-
-// keepAlive cancels ctx when held is lost and sends InProgress for the
-// deliveries while the handler runs; the watcher starts only once the
-// handler has run for keepAliveDelay (or InProgressInterval, if shorter).
-// stop ends it and waits.
-func (c *Consumer) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, held *idem.Held, ds ...*delivery) (stop func()) {
-	var (
-		mu           sync.Mutex
-		stopped      bool
-		done, exited chan struct{}
-	)
-	delay := keepAliveDelay
-	if c.cfg.InProgressInterval > 0 {
-		delay = min(delay, c.cfg.InProgressInterval)
-	}
-	t := time.AfterFunc(delay, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return
-		}
-		done, exited = make(chan struct{}), make(chan struct{})
-		go c.watch(ctx, cancel, held, ds, done, exited)
-	})
-	return func() {
-		t.Stop()
-		mu.Lock()
-		stopped = true
-		d, e := done, exited
-		mu.Unlock()
-		if d != nil {
-			close(d)
-			<-e
-		}
-		cancel(nil)
-	}
-}
-
-func (c *Consumer) watch(ctx context.Context, cancel context.CancelCauseFunc, held *idem.Held, ds []*delivery, done, exited chan struct{}) {
-	defer close(exited)
-	var lost <-chan struct{}
-	if held != nil {
-		lost = held.Done()
-	}
-	var tick <-chan time.Time
-	if c.cfg.InProgressInterval > 0 {
-		tk := time.NewTicker(c.cfg.InProgressInterval)
-		defer tk.Stop()
-		tick = tk.C
-	}
-	for {
-		select {
-		case <-done:
-			return
-		case <-lost:
-			cancel(idem.ErrLeaseLost)
-			lost = nil
-		case <-tick:
-			for _, d := range ds {
-				if err := d.m.Acker.InProgress(ctx); err != nil {
-					c.log.Warn("consumer: in-progress heartbeat failed", "msg_id", d.m.ID, "err", err)
-				}
-			}
-		}
-	}
-}
-
 // handlerFailed releases the key and sends the message back to the broker
 // with backoff, or dead-letters it once attempts are used up or the error
 // is permanent.
-func (c *Consumer) handlerFailed(ctx context.Context, d *delivery, held *idem.Held, attempts int, herr error) {
+func (c *Consumer) handlerFailed(ctx context.Context, d *delivery, held *idem.Held, attempts int, herr error) []*hold {
 	cause := herr
 	if attempts >= c.cfg.MaxAttempts && !idem.IsPermanent(herr) {
 		cause = idem.Permanent(herr)
@@ -398,20 +422,30 @@ func (c *Consumer) handlerFailed(ctx context.Context, d *delivery, held *idem.He
 	rerr := held.Release(ctx, cause)
 	switch {
 	case errors.Is(rerr, idem.ErrFailed):
-		c.deadLetter(ctx, d, fmt.Sprintf("handler failed after %d attempt(s): %v", attempts, herr))
+		return c.deadLetter(ctx, d, fmt.Sprintf("handler failed after %d attempt(s): %v", attempts, herr))
 	case errors.Is(rerr, idem.ErrFenced), errors.Is(rerr, idem.ErrNotFound):
 		// The lease was lost while the handler ran (it was cancelled with
 		// ErrLeaseLost): the new holder decides.
-		c.nak(ctx, d, c.cfg.Backoff.Initial, "claim lost")
+		return c.claimLost(ctx, d, "claim lost")
 	case rerr != nil:
-		// The key stays in progress until its lease ends; come back then.
+		// The key stays in progress until the release goes through (or
+		// its lease ends); keep the message meanwhile.
 		c.storeDown()
-		c.log.Warn("consumer: release after handler failure failed", "msg_id", d.m.ID, "err", rerr, "handler_err", herr)
-		c.nak(ctx, d, c.cfg.StoreDownDelay, "release failed")
+		return []*hold{{
+			ds: []*delivery{d}, reason: HoldStoreUnavailable, err: rerr,
+			retry:  func(ctx context.Context) []*hold { return c.handlerFailed(ctx, d, held, attempts, herr) },
+			giveUp: func(ctx context.Context) { c.handBack(ctx, d, "release failed at shutdown") },
+		}}
 	default:
 		c.log.Info("consumer: handler failed; will retry", "msg_id", d.m.ID, "attempts", attempts, "err", herr)
-		c.nak(ctx, d, c.retryDelay(attempts), "handler failed")
+		return c.nakOrHold(ctx, d, c.retryDelay(attempts), "handler failed")
 	}
+}
+
+// claimLost: our claim was taken over or removed; the new holder decides,
+// and a redelivery will find its outcome.
+func (c *Consumer) claimLost(ctx context.Context, d *delivery, why string) []*hold {
+	return c.nakOrHold(ctx, d, c.cfg.Backoff.Initial, why)
 }
 
 // retryDelay is the broker redelivery delay after attempt n (1-based).
@@ -420,131 +454,94 @@ func (c *Consumer) retryDelay(attempts int) time.Duration {
 }
 
 // completed settles a delivery after its effect, given Complete's error.
-func (c *Consumer) completed(ctx context.Context, d *delivery, err error) {
+func (c *Consumer) completed(ctx context.Context, d *delivery, held *idem.Held, val []byte, err error) []*hold {
 	switch {
 	case err == nil:
+		c.storeAnswered()
 		c.stats.handled.Add(1)
 		c.stats.duplicates.Add(int64(len(d.followers))) // same key later in the batch
-		c.ack(ctx, d)
+		c.ack(ctx, d, false)
+		return nil
 	case errors.Is(err, idem.ErrUnrecorded):
 		// The effect is done; acking avoids an immediate re-run. A
 		// redelivery after the lease ends would run it again: logged.
 		c.stats.unrecorded.Add(1)
 		c.log.Error("consumer: effect done but not recorded; acking", "msg_id", d.m.ID, "key", string(d.key), "err", err)
-		c.ack(ctx, d)
+		if c.cfg.Hooks.OnUnrecorded != nil {
+			c.cfg.Hooks.OnUnrecorded(ctx, UnrecordedEvent{Msg: d.m, Key: d.key, Err: err})
+		}
+		c.ack(ctx, d, false)
+		return nil
+	case errors.Is(err, idem.ErrResultTooLarge):
+		// The effect ran; the guard marked the key failed (it never runs
+		// again) because its result cannot be stored: a person looks at it.
+		return c.deadLetter(ctx, d, err.Error())
 	case errors.Is(err, idem.ErrFenced), errors.Is(err, idem.ErrNotFound):
 		// Our lease was taken over while the effect ran: the new holder
 		// decides; a redelivery will find its outcome.
 		c.log.Error("consumer: claim lost before completion; the effect may have run twice unless it checked the fencing token",
 			"msg_id", d.m.ID, "key", string(d.key), "err", err)
-		c.nak(ctx, d, c.cfg.Backoff.Initial, "claim lost")
+		return c.claimLost(ctx, d, "claim lost")
 	default:
+		// Unknown outcome: never ack (invariant 5); keep the message and
+		// complete again (Complete is idempotent for our token).
 		c.storeDown()
-		c.log.Warn("consumer: complete failed", "msg_id", d.m.ID, "err", err)
-		c.nak(ctx, d, c.cfg.StoreDownDelay, "complete failed")
+		return []*hold{{
+			ds: []*delivery{d}, reason: HoldStoreUnavailable, err: err,
+			retry: func(ctx context.Context) []*hold {
+				return c.completed(ctx, d, held, val, held.Complete(ctx, val))
+			},
+			giveUp: func(ctx context.Context) { c.handBack(ctx, d, "completion failed at shutdown") },
+		}}
 	}
 }
 
-// claimFailed settles a delivery whose claim did not acquire the key.
-func (c *Consumer) claimFailed(ctx context.Context, d *delivery, err error) {
+// claimFailed settles (or holds) a delivery whose claim did not acquire
+// the key.
+func (c *Consumer) claimFailed(ctx context.Context, d *delivery, err error) []*hold {
 	var inProg *idem.InProgressError
 	switch {
 	case errors.As(err, &inProg):
 		// Never ack a duplicate of work in progress: it may still fail.
-		c.nak(ctx, d, inProg.RetryAfter(time.Now()), "in progress elsewhere")
+		c.storeAnswered()
+		return c.nakOrHold(ctx, d, inProg.RetryAfter(time.Now()), "in progress elsewhere")
 	case errors.Is(err, idem.ErrInProgress):
-		c.nak(ctx, d, c.cfg.Backoff.Initial, "in progress elsewhere")
+		return c.nakOrHold(ctx, d, c.cfg.Backoff.Initial, "in progress elsewhere")
 	case errors.Is(err, idem.ErrFailed):
-		c.deadLetter(ctx, d, err.Error())
+		c.storeAnswered()
+		return c.deadLetter(ctx, d, err.Error())
 	case errors.Is(err, idem.ErrFingerprintMismatch):
-		c.deadLetter(ctx, d, "fingerprint mismatch: key reused with another payload")
+		c.storeAnswered()
+		return c.deadLetter(ctx, d, "fingerprint mismatch: key reused with another payload")
 	case errors.Is(err, idem.ErrInvalidKey):
 		d.keyErr = fmt.Errorf("%w: %w", ErrNoKey, err)
-		c.missingKey(ctx, d)
+		return c.missingKey(ctx, d)
+	case errors.Is(err, idem.ErrInvalidArgument):
+		// A fingerprint (or lease, TTL) the store refuses before any I/O:
+		// no retry can fix it.
+		return c.deadLetter(ctx, d, "claim refused: "+err.Error())
 	default:
-		// Fail closed: nothing ran, nothing is acked.
+		// Fail closed: nothing ran, nothing is acked, and nothing goes
+		// back to the broker (each nak would spend one of its
+		// deliveries): the message is held until the store answers.
 		c.storeDown()
-		c.log.Warn("consumer: claim failed; failing closed", "msg_id", d.m.ID, "err", err, "retry_in", c.cfg.StoreDownDelay)
-		c.nak(ctx, d, c.cfg.StoreDownDelay, "store unavailable")
+		return []*hold{{
+			ds: []*delivery{d}, reason: HoldStoreUnavailable, err: err,
+			retry:  func(ctx context.Context) []*hold { return c.restart(ctx, d) },
+			giveUp: func(ctx context.Context) { c.handBack(ctx, d, "store unavailable at shutdown") },
+		}}
 	}
 }
 
-func (c *Consumer) missingKey(ctx context.Context, d *delivery) {
+func (c *Consumer) missingKey(ctx context.Context, d *delivery) []*hold {
 	if c.cfg.MissingKey == MissingKeyReject {
 		c.stats.deadLettered.Add(1)
 		c.log.Error("consumer: message without a usable key rejected", "msg_id", d.m.ID, "topic", d.m.Topic, "err", d.keyErr)
+		c.noteDeadLetter(ctx, d, "no usable key", "", nil)
 		c.term(ctx, d, "no usable key")
-		return
+		return nil
 	}
-	c.deadLetter(ctx, d, d.keyErr.Error())
-}
-
-// deadLetter publishes d to the dead-letter topic once, then terminates
-// it. The publish runs through the guard under key+"/dead-letter", so a
-// redelivery or a duplicate of a failed key does not publish again; the
-// dead-letter message's id is fixed too, for brokers that dedup.
-func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) {
-	m := d.m
-	if c.cfg.DeadLetter == nil {
-		c.stats.deadLettered.Add(1)
-		c.log.Error("consumer: poison message terminated (no dead-letter publisher configured)", "msg_id", m.ID, "topic", m.Topic, "reason", reason)
-		c.term(ctx, d, reason)
-		return
-	}
-	dl := &broker.Message{
-		ID:      deadLetterID(m),
-		Topic:   c.cfg.DeadLetterTopic(m),
-		Key:     m.Key,
-		Headers: maps.Clone(m.Headers),
-		Payload: m.Payload,
-	}
-	if dl.Headers == nil {
-		dl.Headers = map[string]string{}
-	}
-	dl.Headers[HeaderDeadLetterReason] = idem.TruncateCause(reason)
-	dl.Headers[HeaderOriginalTopic] = m.Topic
-	dl.Headers[HeaderOriginalID] = m.ID
-	dl.Headers[HeaderDelivery] = strconv.Itoa(m.Delivery)
-	publish := func(ctx context.Context) ([]byte, error) { return nil, c.cfg.DeadLetter.Publish(ctx, dl) }
-	var err error
-	if d.keyErr == nil {
-		_, err = c.cfg.Guard.Do(ctx, deadLetterKey(d.key), publish)
-	} else {
-		// No key to guard with: the fixed dead-letter id is all there is.
-		_, err = publish(ctx)
-	}
-	var inProg *idem.InProgressError
-	switch {
-	case err == nil:
-		c.stats.deadLettered.Add(1)
-		c.log.Warn("consumer: message dead-lettered", "msg_id", m.ID, "topic", m.Topic, "dead_letter_topic", dl.Topic, "reason", reason)
-		c.term(ctx, d, reason)
-	case errors.As(err, &inProg):
-		c.nak(ctx, d, inProg.RetryAfter(time.Now()), "dead-letter in progress elsewhere")
-	default:
-		c.storeDown()
-		c.log.Error("consumer: dead-letter publish failed; will retry", "msg_id", m.ID, "err", err)
-		c.nak(ctx, d, c.cfg.StoreDownDelay, "dead-letter failed")
-	}
-}
-
-func deadLetterID(m *broker.Message) string {
-	if m.ID != "" {
-		return m.ID + "/dead-letter"
-	}
-	return "dead-letter-" + hex.EncodeToString(idem.FingerprintOf([]byte(m.Topic), m.Payload))[:32]
-}
-
-func deadLetterKey(key []byte) []byte { return derivedKey(key, "dead-letter") }
-
-// derivedKey is key+"/"+suffix, or a hash of it when that is too long.
-func derivedKey(key []byte, suffix string) []byte {
-	k := make([]byte, 0, len(key)+1+len(suffix))
-	k = append(append(append(k, key...), '/'), suffix...)
-	if len(k) <= idem.MaxKeyLen {
-		return k
-	}
-	return []byte("sha256:" + hex.EncodeToString(idem.FingerprintOf(k)))
+	return c.deadLetter(ctx, d, d.keyErr.Error())
 }
 
 type settlingKey struct{}
@@ -566,42 +563,78 @@ func settlingFor(ctx context.Context, n int) (context.Context, context.CancelFun
 	return context.WithValue(ctx, settlingKey{}, true), cancel
 }
 
-func (c *Consumer) ack(ctx context.Context, d *delivery) {
+// claim marks x settled; false if it was already. The caller then calls
+// the broker and done.
+func (c *Consumer) claim(x *delivery) bool { return x.settled.CompareAndSwap(false, true) }
+
+// done ends a settled delivery: it leaves the in-flight set and frees its
+// MaxInFlight slot (after the broker call, so fetching never runs ahead of
+// what the broker sees settled).
+func (c *Consumer) done(x *delivery) {
+	if c.inflight != nil {
+		c.inflight.remove(x)
+	}
+	if x.held.Load() {
+		c.stats.heldNow.Add(-1)
+	}
+	c.win.release(1)
+}
+
+// ack acks d and its followers; dup says d itself was a duplicate.
+func (c *Consumer) ack(ctx context.Context, d *delivery, dup bool) {
 	ctx, cancel := settling(ctx)
 	defer cancel()
-	c.ackOne(ctx, d)
+	c.ackOne(ctx, d, dup)
 	for _, x := range d.followers {
-		c.ackOne(ctx, x)
+		c.ackOne(ctx, x, true)
 	}
 }
 
-func (c *Consumer) ackOne(ctx context.Context, x *delivery) {
+func (c *Consumer) ackOne(ctx context.Context, x *delivery, dup bool) {
+	if !c.claim(x) {
+		return
+	}
 	if err := x.m.Acker.Ack(ctx); err != nil {
 		c.stats.settleErrors.Add(1)
 		c.log.Warn("consumer: ack failed; the broker will redeliver and the guard replay", "msg_id", x.m.ID, "err", err)
 	}
+	if c.cfg.Hooks.OnAck != nil {
+		c.cfg.Hooks.OnAck(ctx, AckEvent{Msg: x.m, Duplicate: dup})
+	}
+	c.done(x)
 }
 
 func (c *Consumer) nak(ctx context.Context, d *delivery, delay time.Duration, why string) {
 	ctx, cancel := settling(ctx)
 	defer cancel()
-	for _, x := range append([]*delivery{d}, d.followers...) {
+	for _, x := range d.self() {
+		if !c.claim(x) {
+			continue
+		}
 		c.stats.naked.Add(1)
 		if err := x.m.Acker.Nak(ctx, delay); err != nil {
 			c.stats.settleErrors.Add(1)
 			c.log.Warn("consumer: nak failed; the broker redelivers after its ack wait", "msg_id", x.m.ID, "why", why, "err", err)
 		}
+		if c.cfg.Hooks.OnNak != nil {
+			c.cfg.Hooks.OnNak(ctx, NakEvent{Msg: x.m, Delay: delay, Reason: why})
+		}
+		c.done(x)
 	}
 }
 
 func (c *Consumer) term(ctx context.Context, d *delivery, reason string) {
 	ctx, cancel := settling(ctx)
 	defer cancel()
-	for _, x := range append([]*delivery{d}, d.followers...) {
+	for _, x := range d.self() {
+		if !c.claim(x) {
+			continue
+		}
 		if err := x.m.Acker.Term(ctx, idem.TruncateCause(reason)); err != nil {
 			c.stats.settleErrors.Add(1)
 			c.log.Warn("consumer: term failed", "msg_id", x.m.ID, "err", err)
 		}
+		c.done(x)
 	}
 }
 
@@ -614,30 +647,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-type heldKey struct{}
-
-type heldInfo struct {
-	key   []byte
-	token uint64
-}
-
-func withHeld(ctx context.Context, key []byte, token uint64) context.Context {
-	return context.WithValue(ctx, heldKey{}, heldInfo{key: key, token: token})
-}
-
-// KeyFromContext returns the idempotency key of the message whose handler
-// runs with ctx.
-func KeyFromContext(ctx context.Context) ([]byte, bool) {
-	h, ok := ctx.Value(heldKey{}).(heldInfo)
-	return h.key, ok
-}
-
-// TokenFromContext returns the fencing token of the claim under which the
-// handler runs (0 in batch mode, where each message has its own: see
-// BatchTokens). Pass it to the effect's store when it can check it.
-func TokenFromContext(ctx context.Context) (uint64, bool) {
-	h, ok := ctx.Value(heldKey{}).(heldInfo)
-	return h.token, ok && h.token != 0
 }

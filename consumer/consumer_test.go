@@ -256,6 +256,10 @@ func TestLongBackoffGoesToBroker(t *testing.T) {
 	}
 }
 
+// TestStoreDownFailsClosed: while the store is down nothing runs and
+// nothing is acked, and nothing is nak'ed either (each nak would spend one
+// of the broker's deliveries): the message is held until the store
+// answers, then handled once.
 func TestStoreDownFailsClosed(t *testing.T) {
 	e := newEnv(t)
 	fs := &flakyStore{Store: e.store}
@@ -281,18 +285,19 @@ func TestStoreDownFailsClosed(t *testing.T) {
 			stop := run(t, c)
 			id := "down-" + mode
 			e.publish(msg(id, "x"))
-			waitFor(t, "naks while down", func() bool { return len(e.log.Naks(id)) >= 2 })
-			if runs.Load() != 0 || e.log.Acks(id) != 0 {
-				t.Fatal("ran or acked while the store was down")
+			before := fs.claims.Load()
+			waitFor(t, "claims retried while down", func() bool { return fs.claims.Load() >= before+3 && c.Stats().HeldNow == 1 })
+			if runs.Load() != 0 || e.log.Acks(id) != 0 || len(e.log.Naks(id)) != 0 {
+				t.Fatalf("ran %d, acked %d, nak'ed %v while the store was down", runs.Load(), e.log.Acks(id), e.log.Naks(id))
 			}
-			if d := e.log.Naks(id)[0]; d != 50*time.Millisecond {
-				t.Fatalf("nak delay %s, want StoreDownDelay", d)
+			if st := c.Stats(); st.HeldNow != 1 || st.Holds != 1 {
+				t.Fatalf("stats while down %+v, want 1 held", st)
 			}
 			fs.down.Store(false)
 			waitFor(t, "the ack after recovery", func() bool { return e.log.Acks(id) == 1 })
 			stop()
-			if runs.Load() != 1 || c.Stats().StoreErrors == 0 {
-				t.Fatalf("runs %d, stats %+v", runs.Load(), c.Stats())
+			if st := c.Stats(); runs.Load() != 1 || st.StoreErrors == 0 || st.HeldNow != 0 || len(e.log.Naks(id)) != 0 {
+				t.Fatalf("runs %d, stats %+v, naks %v", runs.Load(), st, e.log.Naks(id))
 			}
 		})
 	}
@@ -653,10 +658,10 @@ func TestLeaseLostNotAcked(t *testing.T) {
 	}
 }
 
-// TestStoreDownPausesFetching: while the store is down the consumer naks
-// what it holds and stops fetching for StoreDownDelay, instead of cycling
-// the whole backlog through naks (each costs a delivery against the
-// broker's MaxDeliver).
+// TestStoreDownPausesFetching: once the store is seen down the consumer
+// holds what it fetched and stops fetching for StoreDownDelay, instead of
+// fetching the backlog only to hold it too; the first claim that succeeds
+// ends the pause.
 func TestStoreDownPausesFetching(t *testing.T) {
 	e := newEnv(t)
 	fs := &flakyStore{Store: e.store}
@@ -666,25 +671,52 @@ func TestStoreDownPausesFetching(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	cfg := e.config(e.sub("g"))
+	// Fetching is faster than a claim: let the second fetch wait until
+	// the first claim has failed, so the pause is in place for the third.
+	var cp atomic.Pointer[consumer.Consumer]
+	sub := &slowSecondFetch{Subscriber: e.sub("g"), ready: func() bool { c := cp.Load(); return c != nil && c.Stats().StoreErrors > 0 }}
+	cfg := e.config(sub)
 	cfg.Guard = g
 	cfg.StoreDownDelay = time.Hour
-	cfg.MaxInFlight = 4
-	cfg.FetchBatch = 4
+	cfg.FetchBatch = 1
 	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) { return nil, nil }
+	const n = 100
 	var msgs []*broker.Message
-	for i := range 100 {
+	for i := range n {
 		msgs = append(msgs, msg(fmt.Sprint(i), "x"))
 	}
 	e.publish(msgs...)
 	c, _ := consumer.New(cfg)
+	cp.Store(c)
 	stop := run(t, c)
-	waitFor(t, "the first naks", func() bool { return c.Stats().Naked == 4 })
+	waitFor(t, "the first holds", func() bool { return c.Stats().HeldNow > 0 })
 	time.Sleep(50 * time.Millisecond)
-	stop()
-	if got := e.log.fetched.Load(); got != 4 {
-		t.Fatalf("fetched %d messages while the store was down, want the first 4 only", got)
+	if got := e.log.fetched.Load(); got > 2 {
+		t.Fatalf("fetched %d of %d messages while the store was down, want 2 at most", got, n)
 	}
+	fs.down.Store(false)
+	waitFor(t, "everything after recovery", func() bool { return c.Stats().Handled == n })
+	stop()
+	if naks := e.log.totalNaks(); naks != 0 {
+		t.Fatalf("%d naks", naks)
+	}
+}
+
+// slowSecondFetch makes the second Fetch wait until ready, then fetch.
+// (A store failure sets the fetch pause before it counts in StoreErrors.)
+type slowSecondFetch struct {
+	broker.Subscriber
+	calls atomic.Int64
+	ready func() bool
+}
+
+func (s *slowSecondFetch) Fetch(ctx context.Context, n int) ([]*broker.Message, error) {
+	if s.calls.Add(1) == 2 {
+		for !s.ready() && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return s.Subscriber.Fetch(ctx, n)
 }
 
 func TestWarnsWhenTTLShorterThanRedeliveryWindow(t *testing.T) {

@@ -60,13 +60,35 @@ type settleLog struct {
 	acks    map[string]int // by message id
 	naks    map[string][]time.Duration
 	terms   map[string]int
+	deliv   map[string]int // highest Delivery seen, by message id
 	fetched atomic.Int64
 	settled atomic.Int64
 	maxOpen atomic.Int64
 }
 
 func newSettleLog() *settleLog {
-	return &settleLog{acks: map[string]int{}, naks: map[string][]time.Duration{}, terms: map[string]int{}}
+	return &settleLog{acks: map[string]int{}, naks: map[string][]time.Duration{}, terms: map[string]int{}, deliv: map[string]int{}}
+}
+
+// Delivery is the highest delivery number of message id fetched so far.
+func (l *settleLog) Delivery(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deliv[id]
+}
+
+// open is how many fetched deliveries are not settled yet.
+func (l *settleLog) open() int64 { return l.fetched.Load() - l.settled.Load() }
+
+// totalNaks counts every Nak call.
+func (l *settleLog) totalNaks() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ds := range l.naks {
+		n += len(ds)
+	}
+	return n
 }
 
 func (l *settleLog) Acks(id string) int {
@@ -93,9 +115,12 @@ type recSub struct {
 	log *settleLog
 }
 
-func (s *recSub) Fetch(ctx context.Context, max int) ([]*broker.Message, error) {
-	msgs, err := s.Subscriber.Fetch(ctx, max)
+func (s *recSub) Fetch(ctx context.Context, n int) ([]*broker.Message, error) {
+	msgs, err := s.Subscriber.Fetch(ctx, n)
 	for _, m := range msgs {
+		s.log.mu.Lock()
+		s.log.deliv[m.ID] = max(s.log.deliv[m.ID], m.Delivery)
+		s.log.mu.Unlock()
 		open := s.log.fetched.Add(1) - s.log.settled.Load()
 		for {
 			cur := s.log.maxOpen.Load()
@@ -106,6 +131,14 @@ func (s *recSub) Fetch(ctx context.Context, max int) ([]*broker.Message, error) 
 		m.Acker = &recAcker{Acker: m.Acker, id: m.ID, log: s.log}
 	}
 	return msgs, err
+}
+
+// MaxDeliveries forwards the inner subscriber's delivery limit.
+func (s *recSub) MaxDeliveries() int {
+	if dl, ok := s.Subscriber.(broker.DeliveryLimiter); ok {
+		return dl.MaxDeliveries()
+	}
+	return 0
 }
 
 type recAcker struct {
@@ -158,7 +191,13 @@ type env struct {
 
 func newEnv(t *testing.T, guardOpts ...idem.Option) *env {
 	t.Helper()
-	b, err := membroker.New(membroker.Config{AckWait: 5 * time.Second})
+	return newEnvBroker(t, membroker.Config{AckWait: 5 * time.Second}, guardOpts...)
+}
+
+// newEnvBroker is newEnv with a broker configured by bc.
+func newEnvBroker(t *testing.T, bc membroker.Config, guardOpts ...idem.Option) *env {
+	t.Helper()
+	b, err := membroker.New(bc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,10 +318,12 @@ func (l *ledger) total() int {
 // flakyStore fails every call with idem.ErrUnavailable while down is set.
 type flakyStore struct {
 	idem.Store
-	down atomic.Bool
+	down   atomic.Bool
+	claims atomic.Int64 // claim calls (single or batch)
 }
 
 func (s *flakyStore) Claim(ctx context.Context, r idem.ClaimRequest) (idem.Claim, error) {
+	s.claims.Add(1)
 	if s.down.Load() {
 		return idem.Claim{}, fmt.Errorf("%w: test outage", idem.ErrUnavailable)
 	}
@@ -290,6 +331,7 @@ func (s *flakyStore) Claim(ctx context.Context, r idem.ClaimRequest) (idem.Claim
 }
 
 func (s *flakyStore) ClaimBatch(ctx context.Context, rs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	s.claims.Add(1)
 	if s.down.Load() {
 		return nil, fmt.Errorf("%w: test outage", idem.ErrUnavailable)
 	}
@@ -297,5 +339,27 @@ func (s *flakyStore) ClaimBatch(ctx context.Context, rs []idem.ClaimRequest) ([]
 }
 
 var errBoom = errors.New("boom")
+
+// setEffect sets cfg's handler to run effect on each message: a Handler in
+// mode "single", else a BatchHandler reporting the messages whose effect
+// failed in a *consumer.PartialError.
+func setEffect(cfg *consumer.Config, mode string, effect func(m *broker.Message) error) {
+	if mode == "single" {
+		cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) { return nil, effect(m) }
+		return
+	}
+	cfg.BatchHandler = func(ctx context.Context, ms []*broker.Message) error {
+		failed := map[int]error{}
+		for i, m := range ms {
+			if err := effect(m); err != nil {
+				failed[i] = err
+			}
+		}
+		if len(failed) > 0 {
+			return &consumer.PartialError{Failed: failed}
+		}
+		return nil
+	}
+}
 
 func hasPrefix(s, p string) bool { return strings.HasPrefix(s, p) }

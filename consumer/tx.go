@@ -2,28 +2,54 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
 
-	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 )
 
 // TxBatchHandler is batch mode for effects that live in the same database
 // as the idempotency records (invariant 2): in ONE transaction it claims
 // the items' keys, applies the effects of those it acquired and completes
-// them (with pgstore: ClaimBatchTx, the effect, CompleteTx), then reports
-// one outcome per item, in order. The runtime claims nothing itself; it
-// settles each message from its outcome. An error means the transaction
-// rolled back and nothing happened; wrap idem.ErrUnavailable in it when the
-// database is unreachable, so fetching pauses as for a store outage.
+// them (with pgstore: ClaimBatchTx, the effect, CompleteBatchTx), then
+// reports one outcome per item, in order. The runtime claims nothing
+// itself; it settles each message from its outcome. An error means the
+// transaction rolled back and nothing happened.
+//
+// The runtime classifies the error (and each TxRetry outcome's Err) as it
+// does a Handler's (idem.ClassifyError, the guard's store's
+// idem.ErrorClassifier, Config.ClassifyError): when the database could not
+// be reached or the outcome is unknown, the messages are held and the
+// transaction is run again when it answers, spending no attempt; return
+// the driver's error as it is.
+//
+// What holds a key: the claim is written by the handler's transaction, so
+// until it commits the key is held by the transaction's row locks (a
+// concurrent claim of the key, in or out of a transaction, waits on the
+// row), whatever the claim's lease says; there is no guard claim for the
+// runtime to heartbeat, so no lease can be lost while the handler runs
+// and its context is not cancelled for one, and MessageToken reports
+// false: the fencing token is the handler's own (Claim.Record.Token). The
+// handler must therefore claim inside its transaction (a claim made
+// outside it would be heartbeated by nobody), keep the transaction open
+// no longer than it must (concurrent duplicates wait on it), and return
+// when ctx ends (shutdown past ShutdownTimeout). The broker's ack wait is
+// kept by the runtime's InProgress signal.
 //
 // Without guard claims the attempt count is the broker's delivery count
-// (Message.Delivery): after MaxAttempts deliveries a failing message is
-// dead-lettered.
+// (Message.Delivery) plus this process's in-process retries of a held
+// delivery: after MaxAttempts a failing message is dead-lettered.
+// Deliveries held for unavailability are not nak'ed and so not counted;
+// only one handed back at shutdown while held counts (the broker counts
+// every delivery).
 type TxBatchHandler func(ctx context.Context, items []TxItem) ([]TxOutcome, error)
+
+// TxHandler is the single-message form of TxBatchHandler: in ONE
+// transaction it claims item.Key, applies the effect and completes it
+// (with pgstore: DoTx, or ClaimTx, the effect, CompleteTx), and reports
+// the outcome. Everything said on TxBatchHandler applies.
+type TxHandler func(ctx context.Context, item TxItem) (TxOutcome, error)
 
 // TxItem is one message of a TxBatchHandler's batch.
 type TxItem struct {
@@ -56,9 +82,9 @@ type TxOutcome struct {
 	Err        error         // for TxRejected and TxRetry
 }
 
-// processTxBatch hands the batch to the TxBatchHandler and settles each
-// message from its outcome.
-func (c *Consumer) processTxBatch(ctx context.Context, claims []*delivery) {
+// processTx hands claims to the transactional handler and settles each
+// message from its outcome, or holds it.
+func (c *Consumer) processTx(ctx context.Context, claims []*delivery) []*hold {
 	items := make([]TxItem, len(claims))
 	for i, d := range claims {
 		items[i] = TxItem{Msg: d.m, Key: d.key, Fingerprint: d.fp}
@@ -68,71 +94,108 @@ func (c *Consumer) processTxBatch(ctx context.Context, claims []*delivery) {
 	for try := 0; ; try++ {
 		outs, err = c.runTxHandler(ctx, items, claims)
 		if err == nil && len(outs) != len(items) {
-			err = fmt.Errorf("consumer: TxBatchHandler returned %d outcomes for %d items", len(outs), len(items))
+			err = fmt.Errorf("consumer: transactional handler returned %d outcomes for %d items", len(outs), len(items))
 		}
-		if err == nil || !c.retryInProcess(ctx, try, err, nil) {
+		err = c.classify(err)
+		if err == nil || c.transient(err) || !c.retryInProcess(ctx, try, err, nil) {
 			break
 		}
 	}
 	if err != nil {
-		if errors.Is(err, idem.ErrUnavailable) {
-			c.storeDown() // the database is unreachable: pause fetching too
+		if c.transient(err) {
+			// The database is unreachable (or the commit's outcome is
+			// unknown): keep the messages, pause fetching, run the
+			// transaction again later. No delivery is spent.
+			c.pauseFetching()
+			return []*hold{c.holdTx(claims, err)}
 		}
 		c.log.Warn("consumer: transactional batch failed as a whole", "messages", len(claims), "err", err)
+		var hs []*hold
 		for _, d := range claims {
-			c.txRetry(ctx, d, err, c.cfg.Batch.OnFailure == BatchDeadLetter)
+			hs = append(hs, c.txRetry(ctx, d, err, c.cfg.Batch.OnFailure == BatchDeadLetter)...)
 		}
-		return
+		return hs
 	}
 	settle, cancel := settlingFor(ctx, len(claims))
 	defer cancel()
+	var hs []*hold
+	var unavailable []*delivery
+	var uerr error
 	for i, o := range outs {
 		d := claims[i]
 		switch o.Status {
 		case TxDone:
 			c.stats.handled.Add(1)
 			c.stats.duplicates.Add(int64(len(d.followers)))
-			c.ack(settle, d)
+			c.ack(settle, d, false)
 		case TxDuplicate:
 			c.stats.duplicates.Add(int64(1 + len(d.followers)))
-			c.ack(settle, d)
+			c.ack(settle, d, true)
 		case TxInProgress:
-			c.nak(settle, d, max(o.RetryAfter, time.Millisecond), "in progress elsewhere")
+			hs = append(hs, c.nakOrHold(settle, d, max(o.RetryAfter, time.Millisecond), "in progress elsewhere")...)
 		case TxRejected:
 			reason := "rejected by the transactional handler"
 			if o.Err != nil {
 				reason = o.Err.Error()
 			}
-			c.deadLetter(ctx, d, reason)
+			hs = append(hs, c.deadLetter(ctx, d, reason)...)
 		default: // TxRetry, or a status the handler should not have used
-			cause := o.Err
+			cause := c.classify(o.Err)
 			if cause == nil {
 				cause = fmt.Errorf("consumer: outcome status %d", o.Status)
 			}
-			c.txRetry(ctx, d, cause, false)
+			if c.transient(cause) {
+				unavailable, uerr = append(unavailable, d), cause
+				continue
+			}
+			hs = append(hs, c.txRetry(ctx, d, cause, false)...)
 		}
+	}
+	if len(unavailable) > 0 {
+		hs = append(hs, c.holdTx(unavailable, uerr))
+	}
+	return hs
+}
+
+// holdTx keeps ds after a transient failure of their transaction; it runs
+// again later.
+func (c *Consumer) holdTx(ds []*delivery, err error) *hold {
+	return &hold{
+		ds: ds, reason: HoldHandlerUnavailable, err: err, wait: transientWait(err),
+		retry:  func(ctx context.Context) []*hold { return c.processTx(ctx, ds) },
+		giveUp: func(ctx context.Context) { c.handBackAll(ctx, ds, "database unavailable at shutdown") },
 	}
 }
 
-// txRetry naks d with backoff by delivery count, or dead-letters it when
-// the deliveries are used up or now is set.
-func (c *Consumer) txRetry(ctx context.Context, d *delivery, cause error, now bool) {
-	if now || d.m.Delivery >= c.cfg.MaxAttempts {
-		c.deadLetter(ctx, d, fmt.Sprintf("transactional batch failed after %d deliveries: %v", d.m.Delivery, cause))
-		return
+// txRetry naks d with backoff by its attempt count, or dead-letters it
+// when its attempts are used up or now is set. On its last broker
+// delivery it is held and retried in process instead, each retry counting
+// one attempt.
+func (c *Consumer) txRetry(ctx context.Context, d *delivery, cause error, now bool) []*hold {
+	attempts := d.m.Delivery + d.txFails
+	if now || attempts >= c.cfg.MaxAttempts {
+		return c.deadLetter(ctx, d, fmt.Sprintf("transactional handler failed after %d attempt(s): %v", attempts, cause))
 	}
-	c.nak(ctx, d, c.retryDelay(d.m.Delivery), "transactional batch failed")
+	if c.lastDelivery(d) {
+		d.txFails++
+	}
+	return c.nakOrHold(ctx, d, c.retryDelay(attempts), "transactional handler failed")
 }
 
 func (c *Consumer) runTxHandler(ctx context.Context, items []TxItem, ds []*delivery) (outs []TxOutcome, err error) {
-	hctx, cancel := context.WithCancelCause(ctx)
-	stop := c.keepAlive(hctx, cancel, nil, ds...)
-	defer stop()
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("consumer: transactional batch handler panicked", "messages", len(items), "panic", r, "stack", string(debug.Stack()))
-			outs, err = nil, fmt.Errorf("consumer: transactional batch handler panicked: %v", r)
+			c.log.Error("consumer: transactional handler panicked", "messages", len(items), "panic", r, "stack", string(debug.Stack()))
+			outs, err = nil, fmt.Errorf("consumer: transactional handler panicked: %v", r)
 		}
 	}()
-	return c.cfg.TxBatchHandler(hctx, items)
+	if c.cfg.TxHandler != nil {
+		ctx = broker.ExtractTrace(ctx, ds[0].m)
+		o, err := c.cfg.TxHandler(ctx, items[0])
+		if err != nil {
+			return nil, err
+		}
+		return []TxOutcome{o}, nil
+	}
+	return c.cfg.TxBatchHandler(ctx, items)
 }

@@ -77,6 +77,45 @@ func TestTxBatchExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestTxHandlerExactlyOnce: the single-message transactional mode, with
+// duplicate publishes.
+func TestTxHandlerExactlyOnce(t *testing.T) {
+	e := newEnv(t)
+	led := newLedger()
+	cfg := e.config(e.sub("g"))
+	tx := storeTx(e.store, led)
+	var calls atomic.Int64
+	cfg.TxHandler = func(ctx context.Context, it consumer.TxItem) (consumer.TxOutcome, error) {
+		calls.Add(1)
+		outs, err := tx(ctx, []consumer.TxItem{it})
+		if err != nil {
+			return consumer.TxOutcome{}, err
+		}
+		return outs[0], nil
+	}
+	var msgs []*broker.Message
+	for i := range 200 {
+		msgs = append(msgs, msg(fmt.Sprint(i), "x"))
+	}
+	msgs = append(msgs, msgs[:50]...) // duplicate publishes
+	e.publish(msgs...)
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	waitFor(t, "all settled", func() bool { s := c.Stats(); return s.Handled+s.Duplicates == 250 })
+	stop()
+	for i := range 200 {
+		if n := led.count(fmt.Sprint(i)); n != 1 {
+			t.Fatalf("message %d took effect %d times", i, n)
+		}
+	}
+	if calls.Load() != 250 {
+		t.Fatalf("handler called %d times for 250 deliveries", calls.Load())
+	}
+}
+
 func TestTxBatchOutcomes(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config(e.sub("g"))

@@ -13,7 +13,8 @@ type window struct {
 	mu      sync.Mutex
 	used    int
 	max     int
-	changed chan struct{} // closed and replaced on every release
+	waiting int           // acquire calls waiting for room
+	changed chan struct{} // closed and replaced on a release while someone waits
 }
 
 func newWindow(max int) *window {
@@ -22,20 +23,27 @@ func newWindow(max int) *window {
 
 // acquire waits until at least low slots are free and takes up to want.
 func (w *window) acquire(ctx context.Context, low, want int) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	for {
-		w.mu.Lock()
 		if free := w.max - w.used; free >= low {
 			n := min(free, want)
 			w.used += n
-			w.mu.Unlock()
 			return n, nil
 		}
 		ch := w.changed
+		w.waiting++
 		w.mu.Unlock()
+		var err error
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			err = ctx.Err()
+		}
+		w.mu.Lock()
+		w.waiting--
+		if err != nil {
+			return 0, err
 		}
 	}
 }
@@ -46,8 +54,10 @@ func (w *window) release(n int) {
 	}
 	w.mu.Lock()
 	w.used -= n
-	close(w.changed)
-	w.changed = make(chan struct{})
+	if w.waiting > 0 {
+		close(w.changed)
+		w.changed = make(chan struct{})
+	}
 	w.mu.Unlock()
 }
 

@@ -1,0 +1,149 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+)
+
+type heldKey struct{}
+
+// heldInfo is what a single-message handler's context carries.
+type heldInfo struct {
+	key   []byte
+	token uint64
+	d     *delivery
+}
+
+func withHeld(ctx context.Context, d *delivery, token uint64) context.Context {
+	return context.WithValue(ctx, heldKey{}, heldInfo{key: d.key, token: token, d: d})
+}
+
+type batchKey struct{}
+
+// batchInfo is what a batch handler's context carries: each message's
+// claim token.
+type batchInfo struct {
+	tokens map[*broker.Message]uint64
+}
+
+// KeyFromContext returns the idempotency key of the message whose handler
+// runs with ctx (single-message mode).
+func KeyFromContext(ctx context.Context) ([]byte, bool) {
+	h, ok := ctx.Value(heldKey{}).(heldInfo)
+	return h.key, ok
+}
+
+// TokenFromContext returns the fencing token of the claim under which a
+// single-message handler runs. Pass it to the effect's store when it can
+// check it (a conditional write), so a worker whose lease was taken over
+// cannot apply a stale effect. In batch mode use MessageToken.
+func TokenFromContext(ctx context.Context) (uint64, bool) {
+	h, ok := ctx.Value(heldKey{}).(heldInfo)
+	return h.token, ok && h.token != 0
+}
+
+// MessageToken returns the fencing token of m's claim inside a Handler or
+// a BatchHandler (m as the handler received it). In batch mode each
+// message has its own claim and token; a conditional write of the effect
+// that checks it keeps a worker whose lease was taken over from applying a
+// stale effect. It reports false outside a handler, for a message the
+// handler was not given, under fail-open (no claim), and in the
+// transactional modes, where the claim is the handler's own (its
+// Claim.Record.Token).
+func MessageToken(ctx context.Context, m *broker.Message) (uint64, bool) {
+	if h, ok := ctx.Value(heldKey{}).(heldInfo); ok {
+		if h.d == nil || h.d.m != m || h.token == 0 {
+			return 0, false
+		}
+		return h.token, true
+	}
+	if b, ok := ctx.Value(batchKey{}).(*batchInfo); ok {
+		t, ok := b.tokens[m]
+		return t, ok && t != 0
+	}
+	return 0, false
+}
+
+// deliveryFrom returns the delivery a single-message handler runs for.
+func deliveryFrom(ctx context.Context) *delivery {
+	h, _ := ctx.Value(heldKey{}).(heldInfo)
+	return h.d
+}
+
+// keepAliveDelay: handlers faster than this get no watcher goroutine; a
+// lease lost that early only shows as a fenced completion, which is
+// handled the same way.
+const keepAliveDelay = 50 * time.Millisecond
+
+// watchLease is watchLeases for one claim.
+func watchLease(ctx context.Context, held *idem.Held) (hctx context.Context, stop func()) {
+	return watchLeases(ctx, held, nil, nil)
+}
+
+// watchLeases returns a context cancelled with idem.ErrLeaseLost (naming
+// the key) as soon as any of helds is lost (taken over after a lease
+// expiry, or deleted) while the handler runs. The watcher starts only once
+// the handler has run for keepAliveDelay, so fast handlers cost no
+// goroutine. stop ends it and waits; it also cancels the context.
+// (one is the only claim when helds is nil; ds names the keys of helds).
+func watchLeases(ctx context.Context, one *idem.Held, helds []*idem.Held, ds []*delivery) (hctx context.Context, stop func()) {
+	hctx, cancel := context.WithCancelCause(ctx)
+	if one == nil && len(helds) == 0 {
+		return hctx, func() { cancel(nil) }
+	}
+	var (
+		mu           sync.Mutex
+		stopped      bool
+		done, exited chan struct{}
+	)
+	t := time.AfterFunc(keepAliveDelay, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		done, exited = make(chan struct{}), make(chan struct{})
+		go watch(cancel, one, helds, ds, done, exited)
+	})
+	return hctx, func() {
+		t.Stop()
+		mu.Lock()
+		stopped = true
+		d, e := done, exited
+		mu.Unlock()
+		if d != nil {
+			close(d)
+			<-e
+		}
+		cancel(nil)
+	}
+}
+
+func watch(cancel context.CancelCauseFunc, one *idem.Held, helds []*idem.Held, ds []*delivery, done, exited chan struct{}) {
+	defer close(exited)
+	if one != nil {
+		select {
+		case <-done:
+		case <-one.Done():
+			cancel(idem.ErrLeaseLost)
+		}
+		return
+	}
+	lostErr := func(i int) error {
+		return fmt.Errorf("%w: key %q (message %s)", idem.ErrLeaseLost, ds[i].key, ds[i].m.ID)
+	}
+	cases := make([]reflect.SelectCase, 0, len(helds)+1)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(done)})
+	for _, h := range helds {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.Done())})
+	}
+	if i, _, _ := reflect.Select(cases); i > 0 {
+		cancel(lostErr(i - 1))
+	}
+}
