@@ -29,7 +29,14 @@
 //
 // Errors are sentinels matched with errors.Is: ErrInProgress, ErrFailed,
 // ErrFingerprintMismatch, ErrFenced, ErrNotFound, ErrUnavailable,
-// ErrUnknownOutcome, ErrUnrecorded, ErrInvalidKey, ErrInvalidArgument.
+// ErrUnknownOutcome, ErrUnrecorded, ErrResultTooLarge, ErrInvalidKey,
+// ErrInvalidArgument. ClassifyError (and a store's ErrorClassifier) maps a
+// driver's connection errors onto ErrUnavailable and ErrUnknownOutcome.
 // The guard fails closed when the store is down; WithFailOpen lets handlers
-// run unrecorded and reports each such pass to Hooks.OnFailOpen.
+// run unrecorded when the store could not be reached at all, and reports
+// each such pass to Hooks.OnFailOpen.
+//
+// A held claim keeps its heartbeat until its settle is recorded; a failed
+// Complete is retried for as long as the lease allows, then in the
+// background (docs/guard.md in the repository says what remains).
 package idem

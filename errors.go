@@ -41,11 +41,21 @@ var (
 	// ErrCapacity: a bounded store is full of live records. It refuses new
 	// keys rather than evict records that still guard against duplicates.
 	ErrCapacity = errors.New("idem: store at capacity")
+	// ErrCorrupt: the stored record of a key cannot be decoded (damaged
+	// bytes, a value of the wrong type, an unknown format). It concerns that
+	// key alone: the operation changed nothing, other keys are served, and in
+	// a batch it is that entry's error. It is not ErrUnavailable (the store
+	// answered): fail-open must not let a message through on it, and retrying
+	// does not help; the record needs an operator.
+	ErrCorrupt = errors.New("idem: corrupt record")
 	// ErrClosed: the store or guard was closed.
 	ErrClosed = errors.New("idem: closed")
 	// ErrUnrecorded: the handler's effect happened but its completion could
-	// not be recorded after retries. The message may be acked (the effect is
-	// done), but a redelivery after the lease ends would run it again.
+	// not be recorded within the claim's lease. Ack the message (the effect
+	// is done). The guard keeps completing it in the background with the
+	// lease kept alive (WithBackgroundRetry, Hooks.OnUnrecorded); a
+	// redelivery that takes the key over before that succeeds (after the
+	// lease lapsed in a full outage) runs it again: see docs/guard.md.
 	ErrUnrecorded = errors.New("idem: effect done but completion not recorded")
 	// ErrResultTooLarge: the handler's effect ran but its result is longer
 	// than MaxResultLen, so it cannot be recorded. The guard marks the key
@@ -98,6 +108,23 @@ func (e *FailedError) Error() string {
 
 // Is reports a match with ErrFailed.
 func (e *FailedError) Is(target error) bool { return target == ErrFailed }
+
+// ResultTooLargeError is returned when a handler's effect ran but its
+// result (Len bytes) is longer than MaxResultLen. The guard marks the key
+// failed with the reason rather than releasing it, so the effect is not
+// run again. It matches ErrResultTooLarge.
+type ResultTooLargeError struct {
+	Key []byte
+	Len int
+}
+
+func (e *ResultTooLargeError) Error() string {
+	return fmt.Sprintf("idem: key %q: effect done but its result of %d bytes exceeds MaxResultLen %d; key marked failed",
+		truncKey(e.Key), e.Len, MaxResultLen)
+}
+
+// Is reports a match with ErrResultTooLarge.
+func (e *ResultTooLargeError) Is(target error) bool { return target == ErrResultTooLarge }
 
 // HandlerError wraps an error returned (or a panic raised) by the user's
 // handler, so callers can tell a handler failure from a store failure.

@@ -34,6 +34,7 @@ type Guard struct {
 	hooks hookSet
 	log   *slog.Logger
 	beats *beater // nil when the heartbeat is off
+	bg    *bgCompleter
 }
 
 // NewGuard returns a guard over store. It fails on an invalid option.
@@ -51,6 +52,9 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	if cfg.heartbeat == 0 {
 		cfg.heartbeat = cfg.lease / 3
 	}
+	if cfg.background == 0 {
+		cfg.background = DefaultBackgroundRetry
+	}
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
@@ -59,6 +63,7 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	}
 	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks), log: cfg.logger}
 	g.batch, _ = store.(BatchClaimer)
+	g.bg = &bgCompleter{g: g, budget: cfg.background}
 	if cfg.heartbeat > 0 {
 		g.beats = newBeater(g, cfg.heartbeat)
 	}
@@ -68,10 +73,13 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	return g, nil
 }
 
-// Close stops the guard's heartbeat goroutine (it also stops by itself when
-// no claim is held). Claims still held stop being extended. It does not
-// close the store.
+// Close stops the guard's goroutines (they also stop by themselves when
+// idle). Completions still being retried in the background get one last
+// try and are then abandoned (reported to Hooks.OnUnrecorded); Close waits
+// for that a bounded time. Claims still held stop being extended. It does
+// not close the store.
 func (g *Guard) Close() error {
+	g.bg.close()
 	if g.beats != nil {
 		g.beats.close()
 	}
@@ -144,10 +152,7 @@ func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*H
 			req.TTL = cc.ttl
 		}
 	}
-	var start time.Time
-	if g.hooks.timed() {
-		start = g.cfg.clock.Now()
-	}
+	start := g.cfg.clock.Now() // the lease runs from no earlier than this
 	c, err := g.store.Claim(ctx, req)
 	a := g.claimed(ctx, req, c, err, start)
 	return a.Held, a.Result, a.Err
@@ -168,8 +173,11 @@ type Acquisition struct {
 
 // AcquireBatch claims many keys, in one store round-trip when the store is a
 // BatchClaimer (one by one otherwise). Results are in item order. The
-// returned error is for the batch as a whole (the store failed, fail
-// closed); per-key outcomes are in each Acquisition.
+// returned error is for the batch as a whole, and then no Acquisition is
+// returned (nothing may be acked): the store failed (fail closed), or it
+// answered with a number of results other than the number of items
+// (ErrUnknownOutcome: keys it did claim are released by their leases
+// lapsing). Per-key outcomes are in each Acquisition.
 func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisition, error) {
 	out := make([]Acquisition, len(items))
 	if g.batch == nil {
@@ -183,11 +191,13 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 	for i, it := range items {
 		reqs[i] = ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}
 	}
-	var start time.Time
-	if g.hooks.timed() {
-		start = g.cfg.clock.Now()
-	}
+	start := g.cfg.clock.Now()
 	res, err := g.batch.ClaimBatch(ctx, reqs)
+	if err == nil && len(res) != len(reqs) {
+		// The store said something inconsistent: which answer belongs to
+		// which key is unknown, so none is trusted.
+		err = fmt.Errorf("%w: store answered %d results for %d claims", ErrUnknownOutcome, len(res), len(reqs))
+	}
 	if err != nil {
 		if g.cfg.failOpen && failOpenable(ctx, err) {
 			for i := range items {
@@ -206,9 +216,11 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 	return out, nil
 }
 
+// failOpenable: fail-open passes only when the store could not be reached
+// and applied nothing. An unknown outcome (the claim may exist), a full
+// store, a corrupt record or any unclassified error fails closed.
 func failOpenable(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) &&
-		!errors.Is(err, ErrFingerprintMismatch) && !errors.Is(err, ErrClosed)
+	return ctx.Err() == nil && errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrUnknownOutcome)
 }
 
 func (g *Guard) onClaim(ctx context.Context, req ClaimRequest, c Claim, err error, start time.Time) {
@@ -253,7 +265,8 @@ func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err erro
 	default:
 		return Acquisition{Err: fmt.Errorf("%w: store returned outcome %d", ErrUnknownOutcome, c.Outcome)}
 	}
-	h := &Held{g: g, key: req.Key, token: rec.Token, attempts: rec.Attempts, lease: req.Lease}
+	h := &Held{g: g, key: req.Key, token: rec.Token, attempts: rec.Attempts, lease: req.Lease,
+		leaseUntil: start.Add(req.Lease), interval: g.beatInterval(req.Lease)}
 	if g.hooks.timed() {
 		h.start = start
 	}
@@ -262,8 +275,14 @@ func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err erro
 		// Earlier holders died without settling (a crash loop on a poison
 		// message): stop here instead of running it again.
 		cause := TruncateCause(fmt.Sprintf("attempts exhausted: %d claims, last error: %s", rec.Attempts-1, rec.LastError))
-		if ferr := h.settle(ctx, SettleFail, nil, cause); ferr != nil {
-			return Acquisition{Err: ferr}
+		op := h.newOp(SettleFail, nil, cause)
+		g.settleNow(ctx, []*settleOp{op}, nil)
+		if op.done {
+			g.settled(ctx, op)
+		}
+		if op.err != nil {
+			// Not recorded: the next claim, after the lease, finds it again.
+			return Acquisition{Err: fmt.Errorf("idem: mark %q failed: %w", truncKey(req.Key), op.err)}
 		}
 		return Acquisition{Err: &FailedError{Key: req.Key, Cause: cause, Attempts: rec.Attempts}}
 	}
@@ -279,7 +298,8 @@ type Held struct {
 	token    uint64
 	attempts int
 	lease    time.Duration
-	open     bool // fail-open pass: nothing in the store
+	interval time.Duration // heartbeat interval for this claim's lease
+	open     bool          // fail-open pass: nothing in the store
 	start    time.Time
 
 	// heartbeat list links, guarded by shard.mu; shard is set once by add
@@ -289,14 +309,17 @@ type Held struct {
 	lastBeat   time.Time
 	beating    bool
 
-	mu      sync.Mutex
-	settled bool
-	lost    bool
-	lostErr error
-	done    chan struct{} // made on demand by Done
-	cctx    context.Context
-	cancel  context.CancelCauseFunc
-	hctx    heldCtx // the handler's context, inside Held to save an allocation
+	mu         sync.Mutex
+	leaseUntil time.Time // guard clock: the lease runs at least until then
+	settling   bool      // a settle is being tried: the settle, not a beat, reports a loss
+	settled    bool
+	lost       bool
+	lostErr    error
+	done       chan struct{} // made on demand by Done
+	cctx       context.Context
+	cancel     context.CancelCauseFunc
+	hctx       heldCtx // the handler's context, inside Held to save an allocation
+	op         settleOp
 }
 
 // Key returns the held key.
@@ -351,6 +374,29 @@ func (h *Held) markLost(ctx context.Context, err error) {
 	if cancel != nil {
 		cancel(h.lostErr)
 	}
+}
+
+// leaseEnd is when the lease may lapse unless extended again: the time the
+// claim or the last successful extend was sent, plus the lease.
+func (h *Held) leaseEnd() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.leaseUntil
+}
+
+// extended records a successful extend sent at sent.
+func (h *Held) extended(sent time.Time) {
+	h.mu.Lock()
+	if u := sent.Add(h.lease); u.After(h.leaseUntil) {
+		h.leaseUntil = u
+	}
+	h.mu.Unlock()
+}
+
+func (h *Held) beginSettle() {
+	h.mu.Lock()
+	h.settling = true
+	h.mu.Unlock()
 }
 
 func (h *Held) stopHeartbeat() {
@@ -425,76 +471,39 @@ func (h *Held) run(ctx context.Context, fn Func) (val []byte, err error) {
 	return fn(&h.hctx)
 }
 
-// settleCtx keeps a settle running when the caller's context is cancelled
-// after the effect is done (shutdown): recording it matters more.
-func settleCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Done() == nil {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-}
-
-// Complete records the effect as done with result. It retries transient
-// store errors, reading the record before each retry (a Complete that timed
-// out may have been applied). It returns an error matching ErrFenced or
-// ErrNotFound when the claim was lost, and ErrUnrecorded when the store kept
-// failing: the effect happened but is not recorded.
+// Complete records the effect as done with result. The heartbeat keeps the
+// lease until the store has recorded it. A failed call is retried with
+// backoff, reading the record first when the outcome is unknown (a
+// Complete that timed out may have been applied), for as long as the lease
+// allows: at most one lease from the first try and never past the end of
+// the lease as last extended (a cancelled ctx does not stop it: recording
+// a done effect matters more than a shutdown). Then:
+//
+//   - an error matching ErrFenced or ErrNotFound: the claim was lost;
+//   - ErrUnrecorded: the effect happened but is not recorded yet. The guard
+//     keeps trying in the background (WithBackgroundRetry) with the lease
+//     kept alive, and reports the outcome to Hooks.OnUnrecorded. Ack the
+//     message: the effect is done.
+//   - a result longer than MaxResultLen: the effect ran but its result
+//     cannot be stored, so the key is marked failed with the reason instead
+//     (duplicates get ErrFailed and never re-run it) and the error matches
+//     ErrResultTooLarge: ack, do not retry.
 func (h *Held) Complete(ctx context.Context, result []byte) error {
 	if h.open {
 		return nil
 	}
-	if err := ValidateResult(result); err != nil {
-		h.Release(ctx, err)
-		return err
-	}
-	ctx, cancel := settleCtx(ctx)
-	defer cancel()
-	err := h.settle(ctx, SettleComplete, result, "")
-	backoff := 10 * time.Millisecond
-	for i := 0; err != nil && i < h.g.cfg.completeRetries && retryable(err); i++ {
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			i = h.g.cfg.completeRetries
-			continue
-		case <-t.C:
-		}
-		backoff = min(backoff*2, time.Second)
-		if rec, gerr := h.g.store.Get(ctx, h.key); gerr == nil {
-			if rec.Token != h.token {
-				err = fmt.Errorf("%w: key %q taken over (token %d, current %d)", ErrFenced, truncKey(h.key), h.token, rec.Token)
-				break
-			}
-			if rec.State == StateCompleted {
-				err = nil
-				break
-			}
-		}
-		err = h.settle(ctx, SettleComplete, result, "")
-	}
-	if err == nil {
-		return nil
-	}
-	if !retryable(err) {
-		if errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound) {
-			h.markLost(ctx, err)
-		}
-		return fmt.Errorf("idem: complete %q: %w", truncKey(h.key), err)
-	}
-	h.g.log.Error("idem: effect done but its completion could not be recorded", "key", string(truncKey(h.key)), "token", h.token, "err", err)
-	return fmt.Errorf("%w: key %q: %w", ErrUnrecorded, truncKey(h.key), err)
-}
-
-func retryable(err error) bool {
-	return !errors.Is(err, ErrFenced) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalidKey) &&
-		!errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrClosed)
+	op := h.completeOp(result)
+	h.g.settleNow(ctx, []*settleOp{op}, nil)
+	return h.g.finish(ctx, op, true)
 }
 
 // Release gives the key back after a failed effect so it may be claimed
 // again, recording cause. If cause is Permanent, or the key has used up
 // WithMaxAttempts, the key is marked failed instead and Release returns a
-// *FailedError (ErrFailed): dead-letter the message.
+// *FailedError (ErrFailed): dead-letter the message. It is retried as
+// Complete is; a release that cannot be recorded lets the lease lapse
+// (which frees the key too) and returns the store's error. A Fail that
+// cannot be recorded is retried in the background like a completion.
 func (h *Held) Release(ctx context.Context, cause error) error {
 	if h.open {
 		return nil
@@ -503,37 +512,18 @@ func (h *Held) Release(ctx context.Context, cause error) error {
 	if cause != nil {
 		msg = TruncateCause(cause.Error())
 	}
-	ctx, cancel := settleCtx(ctx)
-	defer cancel()
+	op := h.newOp(SettleRelease, nil, msg)
 	if IsPermanent(cause) || (h.g.cfg.maxAttempts > 0 && h.attempts >= h.g.cfg.maxAttempts) {
-		if err := h.settle(ctx, SettleFail, nil, msg); err != nil {
-			return fmt.Errorf("idem: mark %q failed: %w", truncKey(h.key), err)
-		}
+		op.action = SettleFail
+	}
+	h.g.settleNow(ctx, []*settleOp{op}, nil)
+	if err := h.g.finish(ctx, op, true); err != nil {
+		return err
+	}
+	if op.action == SettleFail {
 		return &FailedError{Key: h.key, Cause: msg, Attempts: h.attempts}
 	}
-	if err := h.settle(ctx, SettleRelease, nil, msg); err != nil {
-		return fmt.Errorf("idem: release %q: %w", truncKey(h.key), err)
-	}
 	return nil
-}
-
-func (h *Held) settle(ctx context.Context, a SettleAction, result []byte, cause string) error {
-	h.stopHeartbeat()
-	var start time.Time
-	if len(h.g.hooks.settle) > 0 {
-		start = h.g.cfg.clock.Now()
-	}
-	var err error
-	switch a {
-	case SettleComplete:
-		err = h.g.store.Complete(ctx, h.key, h.token, result)
-	case SettleRelease:
-		err = h.g.store.Release(ctx, h.key, h.token, cause)
-	case SettleFail:
-		err = h.g.store.Fail(ctx, h.key, h.token, cause)
-	}
-	h.onSettle(ctx, a, err, start)
-	return err
 }
 
 func (h *Held) onSettle(ctx context.Context, a SettleAction, err error, start time.Time) {
@@ -553,73 +543,38 @@ func (h *Held) onSettle(ctx context.Context, a SettleAction, err error, start ti
 // CompleteBatch completes many held claims, in one store round-trip when
 // the store is a BatchCompleter (one by one otherwise). results[i] is the
 // result of hs[i]; results may be nil (no results). errs[i] is what
-// hs[i].Complete would return: entries the batch could not settle are
-// retried one by one, with Complete's retries and record reads.
+// hs[i].Complete would return. Every claim keeps its heartbeat until its
+// completion is recorded; a failed call is retried as a batch, with
+// backoff, for as long as the leases allow, then each entry not recorded
+// gets ErrUnrecorded and goes on in the background, as in Complete.
 func (g *Guard) CompleteBatch(ctx context.Context, hs []*Held, results [][]byte) []error {
 	errs := make([]error, len(hs))
-	result := func(i int) []byte {
-		if results == nil {
-			return nil
-		}
-		return results[i]
-	}
 	if results != nil && len(results) != len(hs) {
 		for i := range errs {
 			errs[i] = fmt.Errorf("%w: CompleteBatch: %d results for %d claims", ErrInvalidArgument, len(results), len(hs))
 		}
 		return errs
 	}
-	bc, ok := g.store.(BatchCompleter)
-	if !ok {
-		for i, h := range hs {
-			errs[i] = h.Complete(ctx, result(i))
-		}
-		return errs
-	}
-	ctx, cancel := settleCtx(ctx)
-	defer cancel()
-	cs := make([]Completion, 0, len(hs))
+	ops := make([]*settleOp, 0, len(hs))
 	idx := make([]int, 0, len(hs))
 	for i, h := range hs {
 		if h.open {
 			continue
 		}
-		if err := ValidateResult(result(i)); err != nil {
-			errs[i] = h.Complete(ctx, result(i)) // releases the key and reports the error
-			continue
+		var res []byte
+		if results != nil {
+			res = results[i]
 		}
-		h.stopHeartbeat()
-		cs = append(cs, Completion{Key: h.key, Token: h.token, Result: result(i)})
+		ops = append(ops, h.completeOp(res))
 		idx = append(idx, i)
 	}
-	if len(cs) == 0 {
+	if len(ops) == 0 {
 		return errs
 	}
-	var start time.Time
-	if len(g.hooks.settle) > 0 {
-		start = g.cfg.clock.Now()
-	}
-	res, err := bc.CompleteBatch(ctx, cs)
-	if err == nil && len(res) != len(cs) {
-		err = fmt.Errorf("%w: store answered %d of %d completions", ErrUnknownOutcome, len(res), len(cs))
-	}
-	for j, i := range idx {
-		h := hs[i]
-		if err != nil {
-			errs[i] = h.Complete(ctx, cs[j].Result)
-			continue
-		}
-		h.onSettle(ctx, SettleComplete, res[j], start)
-		switch e := res[j]; {
-		case e == nil:
-		case retryable(e):
-			errs[i] = h.Complete(ctx, cs[j].Result)
-		default:
-			if errors.Is(e, ErrFenced) || errors.Is(e, ErrNotFound) {
-				h.markLost(ctx, e)
-			}
-			errs[i] = fmt.Errorf("idem: complete %q: %w", truncKey(h.key), e)
-		}
+	bc, _ := g.store.(BatchCompleter)
+	g.settleNow(ctx, ops, bc)
+	for j, op := range ops {
+		errs[idx[j]] = g.finish(ctx, op, true)
 	}
 	return errs
 }

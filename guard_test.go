@@ -433,7 +433,11 @@ func TestCompleteBatch(t *testing.T) {
 	acquire := func(t *testing.T, g *idem.Guard, keys ...string) []*idem.Held {
 		var hs []*idem.Held
 		for _, k := range keys {
-			h, _, err := g.Acquire(ctx, []byte(k))
+			var opts []idem.CallOption
+			if k == "c" {
+				opts = append(opts, idem.WithCallLease(50*time.Millisecond))
+			}
+			h, _, err := g.Acquire(ctx, []byte(k), opts...)
 			if err != nil || h == nil {
 				t.Fatalf("acquire %q: %v", k, err)
 			}
@@ -461,9 +465,9 @@ func TestCompleteBatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, fs := tc.store(t)
-			g := newGuard(t, st, idem.WithLease(50*time.Millisecond), idem.WithHeartbeat(-1))
+			g := newGuard(t, st, idem.WithHeartbeat(-1))
 			hs := acquire(t, g, "a", "b", "c")
-			// "c" stalls past its lease and is taken over.
+			// "c" (a 50 ms lease) stalls past its lease and is taken over.
 			time.Sleep(60 * time.Millisecond)
 			g2 := newGuard(t, st)
 			if h, _, err := g2.Acquire(ctx, []byte("c")); err != nil || h == nil {

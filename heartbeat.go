@@ -12,10 +12,15 @@ import (
 // goroutine, so holding a claim costs a list insert instead of a timer. The
 // goroutine starts with the first held claim and stops after an idle tick
 // or at Guard.Close.
+//
+// Each claim is extended every Held.interval (a third of its own lease by
+// default); the loop ticks at a quarter of the smallest interval held, so a
+// per-call lease shorter than the guard's is kept alive too.
 type beater struct {
 	g        *Guard
-	interval time.Duration
-	tick     time.Duration
+	interval time.Duration // for the guard's own lease
+	smallest atomic.Int64  // smallest interval the loop's tick serves
+	kick     chan struct{} // a claim with a smaller interval was added
 	rr       atomic.Uint32
 	shards   [8]beatShard
 	mu       sync.Mutex // guards running and stop
@@ -33,7 +38,19 @@ type beatShard struct {
 }
 
 func newBeater(g *Guard, interval time.Duration) *beater {
-	return &beater{g: g, interval: interval, tick: max(interval/4, time.Millisecond)}
+	return &beater{g: g, interval: interval, kick: make(chan struct{}, 1)}
+}
+
+func tickFor(interval time.Duration) time.Duration { return max(interval/4, time.Millisecond) }
+
+// beatInterval is the heartbeat interval of a claim with lease: the guard's
+// interval, scaled down in proportion for a lease shorter than the guard's.
+func (g *Guard) beatInterval(lease time.Duration) time.Duration {
+	hb := g.cfg.heartbeat
+	if hb <= 0 || lease >= g.cfg.lease {
+		return hb
+	}
+	return max(time.Duration(float64(hb)*float64(lease)/float64(g.cfg.lease)), time.Microsecond)
 }
 
 func (b *beater) add(h *Held) {
@@ -53,10 +70,17 @@ func (b *beater) add(h *Held) {
 	b.mu.Lock()
 	if !b.running && !b.closed {
 		b.running = true
+		b.smallest.Store(int64(b.interval))
 		b.stop, b.done = make(chan struct{}), make(chan struct{})
 		go b.loop(b.stop, b.done)
 	}
 	b.mu.Unlock()
+	if h.interval < time.Duration(b.smallest.Load()) {
+		select {
+		case b.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (b *beater) remove(h *Held) {
@@ -82,40 +106,50 @@ func (b *beater) remove(h *Held) {
 
 func (b *beater) loop(stop, done chan struct{}) {
 	defer close(done)
-	t := time.NewTicker(b.tick)
+	tick := tickFor(b.interval)
+	t := time.NewTicker(tick)
 	defer t.Stop()
 	var due []*Held
 	for {
 		select {
 		case <-stop:
 			return
-		case now := <-t.C:
-			due = due[:0]
-			total := 0
-			for i := range b.shards {
-				sh := &b.shards[i]
-				sh.mu.Lock()
-				total += sh.n
-				for h := sh.head; h != nil; h = h.next {
-					if !h.beating && now.Sub(h.lastBeat) >= b.interval {
-						h.beating = true
-						due = append(due, h)
-					}
+		case <-b.kick:
+		case <-t.C:
+		}
+		now := time.Now()
+		due = due[:0]
+		total := 0
+		smallest := b.interval
+		for i := range b.shards {
+			sh := &b.shards[i]
+			sh.mu.Lock()
+			total += sh.n
+			for h := sh.head; h != nil; h = h.next {
+				smallest = min(smallest, h.interval)
+				if !h.beating && now.Sub(h.lastBeat) >= h.interval {
+					h.beating = true
+					due = append(due, h)
 				}
-				sh.mu.Unlock()
 			}
-			for _, h := range due {
-				go b.beat(h)
-			}
-			if total == 0 {
-				b.mu.Lock()
-				if b.idle() {
-					b.running = false
-					b.mu.Unlock()
-					return
-				}
+			sh.mu.Unlock()
+		}
+		b.smallest.Store(int64(smallest))
+		if want := tickFor(smallest); want != tick {
+			tick = want
+			t.Reset(tick)
+		}
+		for _, h := range due {
+			go b.beat(h)
+		}
+		if total == 0 {
+			b.mu.Lock()
+			if b.idle() {
+				b.running = false
 				b.mu.Unlock()
+				return
 			}
+			b.mu.Unlock()
 		}
 	}
 }
@@ -136,11 +170,15 @@ func (b *beater) idle() bool {
 func (b *beater) beat(h *Held) {
 	// Half a lease: long enough for a slow store, short enough that a
 	// failed beat leaves time for the next before the lease runs out.
-	ctx, cancel := context.WithTimeout(context.Background(), max(h.lease/2, b.interval))
+	ctx, cancel := context.WithTimeout(context.Background(), max(h.lease/2, time.Millisecond))
+	sent := b.g.cfg.clock.Now()
 	err := b.g.store.Extend(ctx, h.key, h.token, h.lease)
 	cancel()
+	if err == nil {
+		h.extended(sent)
+	}
 	h.mu.Lock()
-	settled := h.settled
+	settled, settling := h.settled, h.settling
 	h.mu.Unlock()
 	if sh := h.shard; sh != nil {
 		sh.mu.Lock()
@@ -151,6 +189,11 @@ func (b *beater) beat(h *Held) {
 		sh.mu.Unlock()
 	}
 	if settled || err == nil {
+		return
+	}
+	if settling {
+		// The settle may just have been recorded (an extend then gets
+		// ErrFenced); its own answer says whether the claim was lost.
 		return
 	}
 	if errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound) {

@@ -8,9 +8,14 @@ import (
 
 // Defaults of a Guard.
 const (
-	DefaultLease           = 30 * time.Second
-	DefaultTTL             = 7 * 24 * time.Hour // seeds: keep records 3-7 days, >= 2x the longest redelivery
-	DefaultCompleteRetries = 5
+	DefaultLease = 30 * time.Second
+	DefaultTTL   = 7 * 24 * time.Hour // seeds: keep records 3-7 days, >= 2x the longest redelivery
+	// DefaultCompleteRetries: no count cap; a settle is retried for as long
+	// as the claim's lease allows (see Held.Complete).
+	DefaultCompleteRetries = 0
+	// DefaultBackgroundRetry is how long the guard keeps recording a
+	// completion in the background after the caller got ErrUnrecorded.
+	DefaultBackgroundRetry = 15 * time.Minute
 )
 
 type guardConfig struct {
@@ -20,6 +25,7 @@ type guardConfig struct {
 	failOpen        bool
 	heartbeat       time.Duration // 0: lease/3; < 0: off
 	completeRetries int
+	background      time.Duration // 0: DefaultBackgroundRetry; < 0: off
 	redelivery      time.Duration
 	logger          *slog.Logger
 	clock           Clock
@@ -70,12 +76,26 @@ func WithMaxAttempts(n int) Option { return func(c *guardConfig) { c.maxAttempts
 func WithFailOpen(on bool) Option { return func(c *guardConfig) { c.failOpen = on } }
 
 // WithHeartbeat sets how often a held claim's lease is extended while the
-// handler runs (default lease/3). A negative interval disables it.
+// handler runs and until the claim is settled (default lease/3). A claim
+// with a shorter per-call lease (WithCallLease) is extended in the same
+// proportion of its own lease. A negative interval disables it.
 func WithHeartbeat(d time.Duration) Option { return func(c *guardConfig) { c.heartbeat = d } }
 
-// WithCompleteRetries sets how many times a failed Complete is retried
-// (after reading the record) before ErrUnrecorded (default 5).
+// WithCompleteRetries caps how many times a failed Complete, Release or
+// Fail is retried in the foreground before the caller gets ErrUnrecorded
+// (or the release error). The default, 0, sets no count: the guard retries
+// with backoff for as long as the claim's lease allows (at most one lease
+// from the first try, never past the end of the lease as last extended),
+// while the heartbeat keeps extending it.
 func WithCompleteRetries(n int) Option { return func(c *guardConfig) { c.completeRetries = n } }
+
+// WithBackgroundRetry sets how long the guard keeps trying to record a
+// completion (or a Fail) after the caller got ErrUnrecorded: in the
+// background, with backoff, with the heartbeat still extending the lease,
+// until the store records it, answers ErrFenced or ErrNotFound, the time is
+// up, or Guard.Close. Default 15 minutes; negative turns it off. Each try
+// is reported to Hooks.OnUnrecorded when it ends.
+func WithBackgroundRetry(d time.Duration) Option { return func(c *guardConfig) { c.background = d } }
 
 // WithRedeliveryWindow tells the guard the longest time the broker may
 // redeliver a message; NewGuard logs a warning when the TTL is shorter.

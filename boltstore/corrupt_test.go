@@ -161,7 +161,7 @@ func TestCorruptRecordSkipVerify(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	if _, err := s.Get(ctx, []byte("key-0150")); !errors.Is(err, ErrCorrupt) || !errors.Is(err, idem.ErrUnavailable) {
+	if _, err := s.Get(ctx, []byte("key-0150")); !errors.Is(err, ErrCorrupt) || !errors.Is(err, idem.ErrCorrupt) || errors.Is(err, idem.ErrUnavailable) {
 		t.Fatalf("damaged record: %v", err)
 	}
 	if _, err := s.Claim(ctx, claimReq("key-0150")); !errors.Is(err, ErrCorrupt) {
@@ -337,4 +337,48 @@ func TestCorruptCountersAtOpen(t *testing.T) {
 			t.Fatalf("stats after repair: %+v %v", st, err)
 		}
 	})
+}
+
+// TestPurgePassesDamagedRecords: maintenance leaves a record it cannot decode
+// where it is (nothing proves it expired) and goes on with the others, even
+// when damaged records fill whole purge chunks; Stats and ListInProgress
+// serve the rest too.
+func TestPurgePassesDamagedRecords(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	s := openTemp(t, func(c *Config) { c.Clock = clk; c.SweepInterval = -1; c.SweepChunk = 3 })
+	ctx := context.Background()
+	short := func(k string) idem.ClaimRequest {
+		return idem.ClaimRequest{Key: []byte(k), Lease: time.Second, TTL: time.Second}
+	}
+	for i := range 20 {
+		if _, err := s.Claim(ctx, short(fmt.Sprintf("k%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Claim(ctx, claimReq("held")); err != nil {
+		t.Fatal(err)
+	}
+	// The first seven to expire (more than two chunks) are damaged.
+	for i := range 7 {
+		corruptRecord(t, s, []byte(fmt.Sprintf("k%02d", i)))
+	}
+	corruptRecord(t, s, []byte("k10"))
+	clk.Add(2 * time.Second)
+	n, err := s.Purge(ctx, 0)
+	if err != nil || n != 12 {
+		t.Fatalf("Purge = %d, %v; want the 12 undamaged expired records removed", n, err)
+	}
+	for i := range 20 {
+		_, err := s.Get(ctx, []byte(fmt.Sprintf("k%02d", i)))
+		if damaged := i < 7 || i == 10; damaged != errors.Is(err, idem.ErrCorrupt) || !damaged && !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("k%02d after purge: %v", i, err)
+		}
+	}
+	if st, err := s.Stats(ctx); err != nil || st.InProgress < 1 {
+		t.Fatalf("Stats next to damaged records: %+v %v", st, err)
+	}
+	recs, _, err := s.ListInProgress(ctx, "", 100)
+	if err != nil || len(recs) != 1 || string(recs[0].Key) != "held" {
+		t.Fatalf("ListInProgress next to damaged records: %+v %v", recs, err)
+	}
 }

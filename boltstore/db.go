@@ -355,27 +355,35 @@ func (b *backend) sweeper() {
 }
 
 // purge removes up to limit (<= 0: all) expired records of one namespace in
-// transactions of at most SweepChunk records.
+// transactions that examine at most SweepChunk index entries each.
 func (b *backend) purge(ctx context.Context, name []byte, limit int) (int, error) {
-	total := 0
+	total, damaged := 0, 0
+	var from []byte
+	defer func() {
+		if damaged > 0 {
+			b.cfg.Logger.Warn("boltstore: purge left records it cannot decode", "path", b.cfg.Path, "namespace", string(name[len(nsPrefix):]), "damaged", damaged)
+		}
+	}()
 	for limit <= 0 || total < limit {
 		chunk := b.cfg.SweepChunk
 		if limit > 0 {
 			chunk = min(chunk, limit-total)
 		}
-		var n int
+		var res purgeResult
 		err := b.do(ctx, func(w *wtx, now int64) (error, error) {
 			var err error
-			n, err = purgeTx(w, name, now, chunk)
+			res, err = purgeTx(w, name, now, chunk, from)
 			return nil, err
 		})
 		if err != nil {
 			return total, err
 		}
-		total += n
-		if n < chunk {
+		total += res.removed
+		damaged += res.damaged
+		if res.next == nil {
 			break
 		}
+		from = res.next
 	}
 	return total, nil
 }

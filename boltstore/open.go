@@ -19,8 +19,9 @@ import (
 
 // ErrCorrupt is wrapped by the error Open returns for a file it refuses to
 // serve: truncated, damaged, or not a boltstore file. It is also wrapped,
-// together with idem.ErrUnavailable, by operations that meet a record whose
-// checksum fails.
+// together with idem.ErrCorrupt, by the operations on a key whose record
+// fails its checksum (an error of that key alone: nothing is written, the
+// other keys are served, in a batch it is that entry's error).
 var ErrCorrupt = errors.New("boltstore: corrupt file")
 
 // ErrInUse is wrapped (together with idem.ErrUnavailable) by the error Open

@@ -164,7 +164,10 @@ func spaceOf(tx *bbolt.Tx, name []byte) (space, error) {
 	return sp, nil
 }
 
-// load returns the stored record of key, live or not (nil if none).
+// load returns the stored record of key, live or not (nil if none). A
+// record that fails to decode is an error of that key alone (idem.ErrCorrupt
+// and ErrCorrupt): callers answer it to the operation on that key and go on
+// with the others.
 func (sp space) load(key []byte) (*rec, error) {
 	v := sp.r.Get(key)
 	if v == nil {
@@ -172,7 +175,7 @@ func (sp space) load(key []byte) (*rec, error) {
 	}
 	r, err := decode(key, v)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w: key %q: %w", idem.ErrUnavailable, ErrCorrupt, key, err)
+		return nil, fmt.Errorf("%w: %w: key %q: %w", idem.ErrCorrupt, ErrCorrupt, key, err)
 	}
 	return &r, nil
 }
@@ -239,11 +242,12 @@ func (sp space) count(r *rec, delta int64) {
 }
 
 // claimTx applies one claim. It returns the claim, the claim's own error
-// (fingerprint mismatch) and a fatal error that aborts the transaction.
+// (fingerprint mismatch, a damaged record) and a fatal error that aborts the
+// transaction.
 func claimTx(sp space, req *idem.ClaimRequest, now int64) (idem.Claim, error, error) {
 	old, err := sp.load(req.Key)
 	if err != nil {
-		return idem.Claim{}, nil, err
+		return idem.Claim{}, err, nil // a damaged record: this key's answer, nothing written
 	}
 	if old != nil && old.expiresAt <= now {
 		// Past retention: absent. Drop it so the new record starts clean.
@@ -430,12 +434,12 @@ func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn settleF
 }
 
 // settleTx applies fn to the live record of key held by token inside a write
-// transaction. It returns the operation's own answer (ErrNotFound, ErrFenced)
-// and a fatal error that aborts the transaction.
+// transaction. It returns the operation's own answer (ErrNotFound, ErrFenced,
+// idem.ErrCorrupt) and a fatal error that aborts the transaction.
 func settleTx(sp space, key []byte, token uint64, now int64, fn settleFn) (error, error) {
 	old, err := sp.load(key)
 	if err != nil {
-		return nil, err
+		return err, nil // a damaged record: this key's answer, nothing written
 	}
 	if old == nil || old.expiresAt <= now {
 		return fmt.Errorf("%w: key %q", idem.ErrNotFound, key), nil
@@ -640,48 +644,69 @@ func (s *Store) Delete(ctx context.Context, key []byte) error {
 		}
 		old, err := sp.load(key)
 		if err != nil || old == nil {
-			return nil, err
+			// A damaged record stays: without it the index entries that
+			// point at it cannot be found (see docs/boltstore.md).
+			return err, nil
 		}
 		return nil, sp.del(key, old)
 	})
 }
 
-// purgeTx removes up to n expired records of namespace bucket name, walking
-// the expiry index from its oldest entry: the work is proportional to what
-// has expired, not to the size of the store.
-func purgeTx(w *wtx, name []byte, now int64, n int) (int, error) {
+// purgeResult is what one purge transaction did.
+type purgeResult struct {
+	removed, damaged int
+	// next is where the following transaction starts in the expiry index
+	// (nil: no due entry is left after this one's).
+	next []byte
+}
+
+// purgeTx examines up to n due entries of the expiry index of namespace
+// bucket name, from its oldest entry at or after from, and removes their
+// expired records: the work is proportional to what has expired, not to the
+// size of the store. A record that fails to decode is left alone and
+// counted (nothing proves it expired); the next transaction starts after it,
+// so damaged records never stall the purge.
+func purgeTx(w *wtx, name []byte, now int64, n int, from []byte) (purgeResult, error) {
+	var res purgeResult
 	sp, err := w.space(name)
 	if err != nil {
-		return 0, err
+		return res, err
 	}
 	// Collect first: deleting under a bbolt cursor can skip entries.
 	var due [][]byte
 	c := sp.x.Cursor()
-	for k, _ := c.First(); k != nil && len(due) < n; k, _ = c.Next() {
+	k, _ := c.First()
+	if from != nil {
+		k, _ = c.Seek(from)
+	}
+	for ; k != nil && len(due) < n; k, _ = c.Next() {
 		if len(k) < 8 || int64(binary.BigEndian.Uint64(k)) > now {
 			break
 		}
 		due = append(due, clone(k))
 	}
-	removed := 0
+	if len(due) == n {
+		res.next = append(clone(due[n-1]), 0) // the least key after it
+	}
 	for _, k := range due {
 		exp, key := int64(binary.BigEndian.Uint64(k)), k[8:]
 		r, err := sp.load(key)
 		if err != nil {
-			return removed, err
+			res.damaged++
+			continue
 		}
 		if r != nil && r.expiresAt == exp && exp <= now {
 			if err := sp.del(key, r); err != nil {
-				return removed, err
+				return res, err
 			}
-			removed++
+			res.removed++
 			continue
 		}
 		if err := sp.x.Delete(k); err != nil { // stale index entry
-			return removed, err
+			return res, err
 		}
 	}
-	return removed, nil
+	return res, nil
 }
 
 // Purge implements idem.Purger: expired records go in transactions of at
@@ -724,7 +749,9 @@ func (s *Store) ListInProgress(ctx context.Context, cursor string, limit int) ([
 			key := k[8:]
 			r, err := sp.load(key)
 			if err != nil {
-				return err
+				// One damaged record does not hide the others' stuck work.
+				s.b.cfg.Logger.Warn("boltstore: ListInProgress skipped a record it cannot decode", "path", s.b.cfg.Path, "err", err)
+				continue
 			}
 			if r == nil || r.state != idem.StateInProgress || r.token != binary.BigEndian.Uint64(k) || r.expiresAt <= now {
 				continue
@@ -755,7 +782,7 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 		for k, _ := cur.First(); k != nil && len(k) >= 8 && int64(binary.BigEndian.Uint64(k)) <= now; k, _ = cur.Next() {
 			r, err := sp.load(k[8:])
 			if err != nil {
-				return err
+				continue // damaged: its state is unknown, it stays counted
 			}
 			if r != nil && r.expiresAt == int64(binary.BigEndian.Uint64(k)) {
 				c[r.state-idem.StateInProgress]--

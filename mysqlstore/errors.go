@@ -14,10 +14,11 @@ import (
 
 // MariaDB/MySQL error numbers the store acts on.
 const (
-	erDupEntry        = 1062 // duplicate key
-	erLockWaitTimeout = 1205 // innodb_lock_wait_timeout: another transaction holds the row
-	erLockDeadlock    = 1213 // deadlock: the whole transaction was rolled back
-	erNoSuchTable     = 1146
+	erDupEntry         = 1062 // duplicate key
+	erLockWaitTimeout  = 1205 // innodb_lock_wait_timeout: another transaction holds the row
+	erLockDeadlock     = 1213 // deadlock: the whole transaction was rolled back
+	erNoSuchTable      = 1146
+	erSavepointMissing = 1305 // SAVEPOINT ... does not exist: the transaction that set it ended
 )
 
 func isServerErr(err error, num uint16) bool {
@@ -25,10 +26,13 @@ func isServerErr(err error, num uint16) bool {
 	return errors.As(err, &me) && me.Number == num
 }
 
-// IsRetryable reports whether err means the transaction was rolled back by a
-// deadlock (1213) and may simply be run again. DoTx retries these itself;
+// IsRetryable reports whether err means the transaction was rolled back, by
+// a deadlock (1213) or otherwise before it could commit (ErrTxEnded), and
+// may simply be run again, from its start. DoTx retries these itself;
 // callers managing their own transaction around ClaimTx use it.
-func IsRetryable(err error) bool { return isServerErr(err, erLockDeadlock) }
+func IsRetryable(err error) bool {
+	return isServerErr(err, erLockDeadlock) || errors.Is(err, ErrTxEnded)
+}
 
 // mapErr maps a driver error onto the store's sentinels. write says whether
 // the failed call could have changed data: a connection lost after a write

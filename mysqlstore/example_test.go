@@ -136,3 +136,56 @@ func ExampleStore_CompleteBatch() {
 	// a true
 	// completed ok-a
 }
+
+// A batch consumer's own transaction around ClaimBatchTx and CompleteTx:
+// BeginTx makes it one in which no effect commits without its record, even
+// if a statement is retried after InnoDB rolled the transaction back.
+func ExampleStore_BeginTx() {
+	db, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	cfg := mysqlstore.Config{DB: db}
+	_ = mysqlstore.Migrate(ctx, cfg)
+	s, _ := mysqlstore.Open(ctx, cfg)
+	defer s.Close()
+	if _, err := db.Exec("CREATE TABLE shipped (msg VARBINARY(64))"); err != nil {
+		panic(err)
+	}
+	poll := []idem.ClaimRequest{
+		{Key: []byte("m1"), Lease: time.Minute, TTL: time.Hour},
+		{Key: []byte("m2"), Lease: time.Minute, TTL: time.Hour},
+	}
+	run := func() error {
+		tx, err := s.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		res, err := s.ClaimBatchTx(ctx, tx.Tx, poll)
+		if err != nil {
+			return err
+		}
+		for i, r := range res {
+			if r.Err != nil || r.Claim.Outcome != idem.OutcomeAcquired {
+				continue // a duplicate: ack it without running the effect
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO shipped VALUES (?)", poll[i].Key); err != nil {
+				return err
+			}
+			if err := s.CompleteTx(ctx, tx.Tx, poll[i].Key, r.Claim.Record.Token, nil); err != nil {
+				return err
+			}
+		}
+		return tx.Commit() // ErrTxEnded (IsRetryable) if the server rolled it back on the way
+	}
+	for i := 0; i < 2; i++ { // the same poll delivered twice
+		if err := run(); err != nil {
+			panic(err)
+		}
+	}
+	var n int
+	_ = db.QueryRow("SELECT COUNT(*) FROM shipped").Scan(&n)
+	fmt.Println("shipped:", n)
+	// Output:
+	// shipped: 2
+}

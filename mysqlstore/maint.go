@@ -3,8 +3,8 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -285,8 +285,8 @@ type partition struct {
 	bound int64 // exclusive upper bound of key_time; -1 for MAXVALUE
 }
 
-func (s *Store) partitions(ctx context.Context) ([]partition, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT PARTITION_NAME, PARTITION_DESCRIPTION FROM information_schema.PARTITIONS
+func (s *Store) partitions(ctx context.Context, q querier) ([]partition, error) {
+	rows, err := q.QueryContext(ctx, `SELECT PARTITION_NAME, PARTITION_DESCRIPTION FROM information_schema.PARTITIONS
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND PARTITION_NAME IS NOT NULL ORDER BY PARTITION_ORDINAL_POSITION`, s.cfg.Table)
 	if err != nil {
 		return nil, mapErr(err, false)
@@ -298,6 +298,9 @@ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND PARTITION_NAME IS NOT NUL
 		var desc string
 		if err := rows.Scan(&p.name, &desc); err != nil {
 			return nil, mapErr(err, false)
+		}
+		if !identRE.MatchString(p.name) {
+			return nil, fmt.Errorf("mysqlstore: unexpected partition name %q", p.name)
 		}
 		if desc == "MAXVALUE" {
 			p.bound = -1
@@ -311,12 +314,60 @@ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND PARTITION_NAME IS NOT NUL
 
 var errNotPartitioned = fmt.Errorf("%w: mysqlstore: layout is not time_partitioned", idem.ErrInvalidArgument)
 
-// alter runs DDL with a bounded metadata-lock wait, so claims queued behind
-// the ALTER's lock request wait at most LockTimeout.
-func (s *Store) alter(ctx context.Context, q string) error {
+// maintLockWait bounds how long one maintenance call waits for another
+// (from any Store value or process) to finish.
+const maintLockWait = 60
+
+// maintain runs fn on a connection of its own that holds the table's
+// maintenance lock (GET_LOCK, server-wide): maintenance from several Store
+// values or processes runs one call at a time, and each call reads the
+// partitions as the previous one left them. Every DDL statement and LOCK
+// TABLES on it waits at most LockTimeout for the table's metadata lock
+// (lock_wait_timeout), so claims never queue long behind it. The connection
+// is discarded afterwards instead of going back to the pool, so nothing fn
+// left in the session (table locks, the named lock, the timeout) outlives
+// the call.
+func (s *Store) maintain(ctx context.Context, fn func(c *sql.Conn) error) error {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return mapErr(err, false)
+	}
+	defer conn.Raw(func(any) error { return driver.ErrBadConn }) // close it: see above
+	var got sql.NullInt64
+	lock := "'idem_maint_" + s.cfg.Table + "'" // Table is an identifier (Validate)
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lock+", "+strconv.Itoa(maintLockWait)+")").Scan(&got); err != nil {
+		return mapErr(err, false)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return fmt.Errorf("%w: mysqlstore: maintenance lock %s still held by another caller after %ds", idem.ErrUnavailable, lock, maintLockWait)
+	}
 	secs := int64((s.cfg.LockTimeout + time.Second - 1) / time.Second)
-	_, err := s.db.ExecContext(ctx, "SET STATEMENT lock_wait_timeout = "+strconv.FormatInt(secs, 10)+" FOR "+q)
-	return mapErr(err, true)
+	if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = "+strconv.FormatInt(secs, 10)); err != nil {
+		return mapErr(err, false)
+	}
+	return fn(conn)
+}
+
+// maintainPartitions runs fn under the maintenance lock (see maintain) with
+// the database clock and the partitions as they are once the lock is held.
+func (s *Store) maintainPartitions(ctx context.Context, fn func(c *sql.Conn, now int64, ps []partition) error) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	if s.cfg.Layout != LayoutTimePartitioned {
+		return errNotPartitioned
+	}
+	return s.maintain(ctx, func(c *sql.Conn) error {
+		now, err := dbNow(ctx, c)
+		if err != nil {
+			return err
+		}
+		ps, err := s.partitions(ctx, c)
+		if err != nil {
+			return err
+		}
+		return fn(c, now, ps)
+	})
 }
 
 // EnsurePartitions makes sure partitions exist up to Precreate periods
@@ -324,97 +375,160 @@ func (s *Store) alter(ctx context.Context, q string) error {
 // returns how many it added. Run it at least once per period (the
 // mysqlstore-migrate command has a partitions subcommand); keys beyond the
 // last partition still land in pmax, so a missed run costs locality, never
-// correctness.
+// correctness. Splitting pmax copies its rows into the new partitions, so
+// it may run at any time, concurrently with claims and with maintenance
+// from other processes (one call at a time holds the maintenance lock).
 func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
-	if err := s.check(ctx); err != nil {
-		return 0, err
-	}
-	if s.cfg.Layout != LayoutTimePartitioned {
-		return 0, errNotPartitioned
-	}
-	now, err := dbNow(ctx, s.db)
-	if err != nil {
-		return 0, err
-	}
-	ps, err := s.partitions(ctx)
-	if err != nil {
-		return 0, err
-	}
-	var lastBound int64
-	for _, p := range ps {
-		if p.bound > lastBound {
-			lastBound = p.bound
-		}
-	}
-	want := periodStart(s.cfg, time.UnixMicro(now))
-	for i := 0; i <= s.cfg.Precreate; i++ {
-		want = nextPeriod(s.cfg, want)
-	}
-	var defs []string
-	b := time.UnixMicro(lastBound).UTC()
-	for b.Before(want) {
-		b = nextPeriod(s.cfg, b)
-		defs = append(defs, partDef(b))
-	}
-	if len(defs) == 0 {
-		return 0, nil
-	}
-	defs = append(defs, "PARTITION pmax VALUES LESS THAN MAXVALUE")
-	if err := s.alter(ctx, "ALTER TABLE "+s.n.tables[0]+" REORGANIZE PARTITION pmax INTO ("+strings.Join(defs, ", ")+")"); err != nil {
-		return 0, err
-	}
-	s.cfg.Logger.InfoContext(ctx, "mysqlstore: partitions added", "table", s.cfg.Table, "count", len(defs)-1)
-	return len(defs) - 1, nil
-}
-
-// DropExpiredPartitions drops whole partitions instead of deleting rows.
-// A partition is dropped only when (1) its end plus Retention has passed
-// by the database clock, and (2) no row in it, of any namespace, is live
-// (MAX(expires_at) per (ns, state), a loose scan of the by_state index).
-// So a record is never removed before its ExpiresAt, even a late claim of
-// an old key that landed in an old partition. The catch-all pmax and the
-// newest bounded partition are never dropped. With Archive the rows are
-// copied to the history table first. It returns the dropped partitions.
-func (s *Store) DropExpiredPartitions(ctx context.Context) ([]string, error) {
-	if err := s.check(ctx); err != nil {
-		return nil, err
-	}
-	if s.cfg.Layout != LayoutTimePartitioned {
-		return nil, errNotPartitioned
-	}
-	now, err := dbNow(ctx, s.db)
-	if err != nil {
-		return nil, err
-	}
-	ps, err := s.partitions(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var dropped []string
-	for i, p := range ps {
-		if p.bound < 0 || i >= len(ps)-2 || p.bound+s.cfg.Retention.Microseconds() > now {
-			continue
-		}
-		var maxExp sql.NullInt64
-		err := s.db.QueryRowContext(ctx, "SELECT MAX(m) FROM (SELECT MAX(expires_at) AS m FROM "+s.n.tables[0]+
-			" PARTITION ("+p.name+") GROUP BY ns, state) x").Scan(&maxExp)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return dropped, mapErr(err, false)
-		}
-		if maxExp.Valid && maxExp.Int64 > now {
-			continue // a live record: keep the partition
-		}
-		if s.cfg.Archive {
-			cols := s.archiveCols()
-			if _, err := s.db.ExecContext(ctx, "INSERT IGNORE INTO "+s.n.hist+" ("+cols+", archived_at) SELECT "+cols+", "+nowUS+" FROM "+s.n.tables[0]+" PARTITION ("+p.name+")"); err != nil {
-				return dropped, mapErr(err, true)
+	added := 0
+	err := s.maintainPartitions(ctx, func(c *sql.Conn, now int64, ps []partition) error {
+		var lastBound int64
+		for _, p := range ps {
+			if p.bound > lastBound {
+				lastBound = p.bound
 			}
 		}
-		if err := s.alter(ctx, "ALTER TABLE "+s.n.tables[0]+" DROP PARTITION "+p.name); err != nil {
-			return dropped, err
+		want := periodStart(s.cfg, time.UnixMicro(now))
+		for i := 0; i <= s.cfg.Precreate; i++ {
+			want = nextPeriod(s.cfg, want)
 		}
-		s.cfg.Logger.InfoContext(ctx, "mysqlstore: partition dropped", "table", s.cfg.Table, "partition", p.name)
-		dropped = append(dropped, p.name)
+		var defs []string
+		b := time.UnixMicro(lastBound).UTC()
+		for b.Before(want) {
+			b = nextPeriod(s.cfg, b)
+			defs = append(defs, partDef(b))
+		}
+		if len(defs) == 0 {
+			return nil
+		}
+		defs = append(defs, "PARTITION pmax VALUES LESS THAN MAXVALUE")
+		if _, err := c.ExecContext(ctx, "ALTER TABLE "+s.n.tables[0]+" REORGANIZE PARTITION pmax INTO ("+strings.Join(defs, ", ")+")"); err != nil {
+			return mapErr(err, true)
+		}
+		added = len(defs) - 1
+		s.cfg.Logger.InfoContext(ctx, "mysqlstore: partitions added", "table", s.cfg.Table, "count", added)
+		return nil
+	})
+	return added, err
+}
+
+// DropExpiredPartitions drops whole partitions instead of deleting rows. A
+// partition is a candidate once its end plus Retention has passed by the
+// database clock; the catch-all pmax and the newest bounded partition never
+// are. A candidate is dropped only if no row in it, of any namespace, is
+// live, and that check and the drop happen under LOCK TABLES ... WRITE:
+//
+//   - taking the lock waits until every transaction that touched the table
+//     has ended (a ClaimTx or DoTx of an old key committing now is seen by
+//     the check), and
+//   - while it is held nobody else reads or writes the table, so no claim
+//     can land in the partition between the check and the DROP.
+//
+// So a record is never removed before its ExpiresAt, even a late claim of an
+// old key that landed in an old partition, whatever runs concurrently.
+// Claims of the table wait while the lock is held: the check is a loose scan
+// of the by_state index and the DROP is a metadata operation, and waiting for
+// the lock is bounded by LockTimeout (as the DROP's own metadata lock
+// always was).
+//
+// With Archive the partition is first swapped, still under the lock, with
+// the empty table <table>_swap (EXCHANGE PARTITION, a metadata operation),
+// and after the lock is released its rows are copied to the history table:
+// the history gets every row exactly as it was dropped, without copying a
+// whole partition while claims wait. Rows a failed call left in
+// <table>_swap are archived by the next call before it drops anything.
+//
+// It returns the dropped partitions.
+func (s *Store) DropExpiredPartitions(ctx context.Context) ([]string, error) {
+	var dropped []string
+	err := s.maintainPartitions(ctx, func(c *sql.Conn, now int64, ps []partition) error {
+		var cands []partition
+		for i, p := range ps {
+			if p.bound >= 0 && i < len(ps)-2 && p.bound+s.cfg.Retention.Microseconds() <= now {
+				cands = append(cands, p)
+			}
+		}
+		if len(cands) == 0 {
+			return nil
+		}
+		if s.cfg.Archive {
+			// The swap table must be empty before an exchange: archive and
+			// clear whatever an interrupted call left there.
+			if _, err := c.ExecContext(ctx, recordTableDDL(s.cfg, s.n.swap, "")); err != nil {
+				return mapErr(err, true)
+			}
+			if err := s.archiveSwap(ctx, c); err != nil {
+				return err
+			}
+		}
+		for _, p := range cands {
+			ok, err := s.dropIfExpired(ctx, c, p)
+			if err != nil {
+				return err
+			}
+			if ok {
+				s.cfg.Logger.InfoContext(ctx, "mysqlstore: partition dropped", "table", s.cfg.Table, "partition", p.name)
+				dropped = append(dropped, p.name)
+			}
+		}
+		return nil
+	})
+	return dropped, err
+}
+
+// dropIfExpired drops p if none of its rows is live, deciding and dropping
+// under LOCK TABLES (see DropExpiredPartitions).
+func (s *Store) dropIfExpired(ctx context.Context, c *sql.Conn, p partition) (bool, error) {
+	t := s.n.tables[0]
+	locks := t + " WRITE"
+	if s.cfg.Archive {
+		locks += ", " + s.n.swap + " WRITE"
 	}
-	return dropped, nil
+	if _, err := c.ExecContext(ctx, "LOCK TABLES "+locks); err != nil {
+		return false, mapErr(err, false)
+	}
+	// MAX(expires_at) per (ns, state): a loose scan of by_state, compared
+	// with the clock now, while nobody else can change the table.
+	var live int
+	err := c.QueryRowContext(ctx, "SELECT COALESCE(MAX(m), 0) > "+nowUS+" FROM (SELECT MAX(expires_at) AS m FROM "+t+
+		" PARTITION ("+p.name+") GROUP BY ns, state) x").Scan(&live)
+	if err != nil {
+		return false, mapErr(err, false)
+	}
+	if live == 0 {
+		if s.cfg.Archive {
+			if _, err := c.ExecContext(ctx, "ALTER TABLE "+t+" EXCHANGE PARTITION "+p.name+" WITH TABLE "+s.n.swap); err != nil {
+				return false, mapErr(err, true)
+			}
+		}
+		if _, err := c.ExecContext(ctx, "ALTER TABLE "+t+" DROP PARTITION "+p.name); err != nil {
+			return false, mapErr(err, true)
+		}
+	}
+	if _, err := c.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+		return false, mapErr(err, true)
+	}
+	if live != 0 {
+		return false, nil // a live record: keep the partition
+	}
+	if s.cfg.Archive {
+		if err := s.archiveSwap(ctx, c); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
+// archiveSwap copies the rows of the swap table (a dropped partition's) to
+// the history table and empties it. Nothing but maintenance, under its
+// lock, touches the swap table, and INSERT IGNORE makes a repeat after a
+// failure harmless.
+func (s *Store) archiveSwap(ctx context.Context, c *sql.Conn) error {
+	cols := s.archiveCols()
+	if _, err := c.ExecContext(ctx, "INSERT IGNORE INTO "+s.n.hist+" ("+cols+", archived_at) SELECT "+cols+", "+nowUS+" FROM "+s.n.swap); err != nil {
+		return mapErr(err, true)
+	}
+	if _, err := c.ExecContext(ctx, "TRUNCATE TABLE "+s.n.swap); err != nil {
+		return mapErr(err, true)
+	}
+	return nil
 }

@@ -24,6 +24,7 @@ type names struct {
 	tables  []string // record tables: one, or one per shard
 	seq     string   // token sequence
 	hist    string   // history table
+	swap    string   // empty twin of a partition, for DropExpiredPartitions with Archive
 	version string   // version table
 	base    string   // unquoted Table
 }
@@ -32,6 +33,7 @@ func namesOf(c Config) names {
 	n := names{
 		seq:     quoteIdent(c.Table + "_token"),
 		hist:    quoteIdent(c.Table + "_history"),
+		swap:    quoteIdent(c.Table + "_swap"),
 		version: quoteIdent(c.VersionTable),
 		base:    c.Table,
 	}

@@ -49,12 +49,13 @@ type Store struct {
 const defaultDerivedMin = 16
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.BatchClaimer = (*Store)(nil)
-	_ idem.Purger       = (*Store)(nil)
-	_ idem.Lister       = (*Store)(nil)
-	_ idem.Stater       = (*Store)(nil)
-	_ idem.Pinger       = (*Store)(nil)
+	_ idem.Store           = (*Store)(nil)
+	_ idem.BatchClaimer    = (*Store)(nil)
+	_ idem.Purger          = (*Store)(nil)
+	_ idem.Lister          = (*Store)(nil)
+	_ idem.Stater          = (*Store)(nil)
+	_ idem.Pinger          = (*Store)(nil)
+	_ idem.ErrorClassifier = (*Store)(nil)
 )
 
 // Open validates cfg, checks that the schema was migrated for it, and
@@ -755,7 +756,8 @@ type finishOp struct {
 
 // finish applies a token operation: one conditional UPDATE; only when it
 // changed nothing, one read to tell not-found, fenced and an idempotent
-// repeat apart.
+// repeat apart (and, if the record changed in between so that the UPDATE
+// would now apply, the UPDATE again).
 func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64, op finishOp) error {
 	l, err := s.locate(key)
 	if err != nil {
@@ -769,18 +771,7 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	sb.WriteString(", updated_at = " + nowUS + " WHERE ")
 	s.pk(&sb, l)
 	finishCond(&sb, func(sb *strings.Builder) { uintLit(sb, token) })
-	var res sql.Result
-	err = s.retry(ctx, q == querier(s.db), func() error {
-		var err error
-		res, err = q.ExecContext(ctx, sb.String())
-		return err
-	})
-	if err != nil {
-		return mapErr(err, true)
-	}
-	if n, err := res.RowsAffected(); err == nil && n > 0 {
-		return nil
-	}
+	update := sb.String()
 	sb.Reset()
 	sb.WriteString("SELECT state, token FROM ")
 	sb.WriteString(l.table)
@@ -789,16 +780,47 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	sb.WriteString(" AND k = ")
 	hexLit(&sb, key)
 	sb.WriteString(" AND expires_at > " + nowUS)
-	var st int
-	var cur uint64
-	err = q.QueryRowContext(ctx, sb.String()).Scan(&st, &cur)
-	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("%w: key %q", idem.ErrNotFound, truncKey(key))
+	if q != querier(s.db) {
+		// In a transaction a plain read sees its snapshot, which may be
+		// older than the row the UPDATE judged: read the current row.
+		sb.WriteString(" LOCK IN SHARE MODE")
 	}
-	if err != nil {
-		return mapErr(err, false)
+	read := sb.String()
+	// The UPDATE and the read are two statements: the record may change
+	// between them. Any verdict the read gives holds at the read, unless the
+	// record now satisfies the UPDATE's condition (a claim issuing this very
+	// token committed in between): then the operation would apply, and
+	// neither "not found" nor "fenced" describes any order of the calls.
+	// Run the UPDATE again.
+	for attempt := 0; ; attempt++ {
+		var res sql.Result
+		err = s.retry(ctx, q == querier(s.db), func() error {
+			var err error
+			res, err = q.ExecContext(ctx, update)
+			return err
+		})
+		if err != nil {
+			return mapErr(err, true)
+		}
+		if n, err := res.RowsAffected(); err == nil && n > 0 {
+			return nil
+		}
+		var st int
+		var cur uint64
+		err = q.QueryRowContext(ctx, read).Scan(&st, &cur)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: key %q", idem.ErrNotFound, truncKey(key))
+		}
+		if err != nil {
+			return mapErr(err, false)
+		}
+		if cur != token || idem.State(st) != idem.StateInProgress {
+			return op.verdict(key, token, idem.State(st), cur)
+		}
+		if attempt >= 3 {
+			return fmt.Errorf("%w: mysqlstore: %s of key %q: the record kept changing between the statements", idem.ErrUnavailable, op.name, truncKey(key))
+		}
 	}
-	return op.verdict(key, token, idem.State(st), cur)
 }
 
 // finishCond writes the condition under which a token operation applies:
@@ -945,8 +967,15 @@ func (s *Store) get(ctx context.Context, q querier, key []byte, l loc, suffix st
 	return r.rec, nil
 }
 
-// Delete implements idem.Store (admin eviction). Tokens come from the
-// sequence, so a later claim still gets a larger one.
+// Delete implements idem.Store (admin eviction). It expires the record in
+// place (expires_at = 0) instead of removing the row: every read treats it
+// as absent, the next claim replaces it as a fresh record, and Purge removes
+// the row later. Removing it at once would let a claim that drew its token
+// (NEXTVAL in the inserted row) before a concurrent claim and then waited
+// for that claim's row lock find the key absent after the Delete and insert
+// its smaller token: with the row left in place it finds the duplicate and
+// takes the record over with a token drawn under the row lock, larger than
+// every earlier one.
 func (s *Store) Delete(ctx context.Context, key []byte) error {
 	l, err := s.locate(key)
 	if err != nil {
@@ -956,12 +985,13 @@ func (s *Store) Delete(ctx context.Context, key []byte) error {
 		return err
 	}
 	var sb strings.Builder
-	sb.WriteString("DELETE FROM ")
+	sb.WriteString("UPDATE ")
 	sb.WriteString(l.table)
-	sb.WriteString(" WHERE ")
+	sb.WriteString(" SET expires_at = 0, lease_until = 0, updated_at = " + nowUS + " WHERE ")
 	s.pk(&sb, l)
 	sb.WriteString(" AND k = ")
 	hexLit(&sb, key)
+	sb.WriteString(" AND expires_at > 0")
 	err = s.retry(ctx, true, func() error {
 		_, err := s.db.ExecContext(ctx, sb.String())
 		return err

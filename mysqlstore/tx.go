@@ -3,9 +3,11 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -134,15 +136,23 @@ func (s *Store) DoTx(ctx context.Context, req idem.ClaimRequest, fn TxFunc) (ide
 }
 
 func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn TxFunc) (idem.Claim, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return idem.Claim{}, mapErr(err, false)
 	}
-	committed := false
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		discard(conn)
+		return idem.Claim{}, mapErr(err, false)
+	}
+	ended := false      // tx.Commit or tx.Rollback was called
+	serverDone := false // ... and the server acknowledged it: no transaction is open
+	guarded := false    // the session runs with autocommit off
 	defer func() {
-		if !committed {
-			_ = tx.Rollback()
+		if !ended {
+			serverDone = tx.Rollback() == nil
 		}
+		releaseConn(conn, guarded, serverDone)
 	}()
 	c, err := s.claimOne(ctx, tx, req, l, false)
 	if err != nil {
@@ -156,6 +166,17 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 	case idem.OutcomeFailed:
 		return c, &idem.FailedError{Key: req.Key, Cause: c.Record.LastError, Attempts: c.Record.Attempts}
 	}
+	// From here until COMMIT no statement on this session commits by
+	// itself: if InnoDB rolls the transaction back under fn (a deadlock, a
+	// lock wait timeout with innodb_rollback_on_timeout, a KILL QUERY of
+	// the whole transaction), whatever fn runs next starts a new, implicit
+	// transaction instead of autocommitting, and the complete below, which
+	// finds no claim in it, makes us roll that back. Setting autocommit=0
+	// inside a transaction does not commit it.
+	if _, err := tx.ExecContext(ctx, "SET SESSION autocommit = 0"); err != nil {
+		return idem.Claim{}, mapErr(err, false)
+	}
+	guarded = true
 	result, err := runFn(ctx, tx, c, fn)
 	if err != nil {
 		if IsRetryable(err) {
@@ -166,11 +187,17 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 	if err := idem.ValidateResult(result); err != nil {
 		return c, err
 	}
+	// The complete is the check: it changes our claim's row only if this
+	// is still the transaction that made the claim (the row lock keeps
+	// everyone else off it until we end).
 	if err := s.finish(ctx, tx, req.Key, c.Record.Token, completeOp(result)); err != nil {
+		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrFenced) {
+			return idem.Claim{}, txEnded(err)
+		}
 		return c, err
 	}
 	err = tx.Commit()
-	committed = true
+	ended, serverDone = true, err == nil
 	if err != nil {
 		return s.resolveCommit(ctx, req, l, c, err)
 	}
@@ -181,6 +208,151 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 		rec.Result = nil
 	}
 	return idem.Claim{Outcome: idem.OutcomeAcquired, Record: rec}, nil
+}
+
+// ErrTxEnded: the server ended the transaction (rolled it back: a deadlock,
+// a lock wait timeout with innodb_rollback_on_timeout) before it could
+// commit, and statements ran after that. Nothing was committed: DoTx and
+// Tx.Commit roll back whatever ran after the end. Run the whole transaction
+// again (IsRetryable reports true; DoTx does it itself). It matches
+// idem.ErrUnavailable.
+var ErrTxEnded = errors.New("mysqlstore: the server rolled the transaction back before it could commit")
+
+func txEnded(cause error) error {
+	return fmt.Errorf("%w: %w (%w)", idem.ErrUnavailable, ErrTxEnded, cause)
+}
+
+// releaseConn hands a transaction's connection back to the pool. A session
+// that ran with autocommit off goes back only after autocommit is on again,
+// and only if the server acknowledged the COMMIT or ROLLBACK (serverDone):
+// with no transaction open, turning autocommit on commits nothing. In every
+// other case the connection is closed, and the server rolls back whatever
+// it still had open.
+func releaseConn(conn *sql.Conn, guarded, serverDone bool) {
+	if !serverDone {
+		discard(conn)
+		return
+	}
+	if guarded {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := conn.ExecContext(ctx, "SET SESSION autocommit = 1")
+		cancel()
+		if err != nil {
+			discard(conn)
+			return
+		}
+	}
+	conn.Close()
+}
+
+// discard closes conn instead of returning it to the pool.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+}
+
+// Tx is a transaction for ClaimTx, ClaimBatchTx, CompleteTx and ReleaseTx
+// in which an effect can never commit without its records, whatever runs on
+// it after an error. Get one from Store.BeginTx, pass tx.Tx to the store's
+// *Tx methods and to your own statements, and end it with tx.Commit or
+// tx.Rollback (these, not tx.Tx.Commit / tx.Tx.Rollback, which would leave
+// the connection checked out).
+//
+// Why: when InnoDB rolls a transaction back by itself (deadlock 1213; lock
+// wait timeout 1205 with innodb_rollback_on_timeout), MariaDB runs the
+// session's next statements in autocommit, so an effect retried by an ORM
+// after the error commits at once, without the claim that was rolled back
+// (PostgreSQL refuses statements in an aborted transaction instead). A Tx
+// runs its session with autocommit off, so such statements only open a new
+// transaction; Commit first checks that the transaction is still the one
+// BeginTx started (a savepoint set at BEGIN still exists) and otherwise
+// rolls back and returns ErrTxEnded.
+//
+// A *sql.Tx from DB.BeginTx has no such protection: after any error that
+// IsRetryable reports on it, roll it back and run the whole transaction
+// again, never a single statement.
+type Tx struct {
+	*sql.Tx
+	conn *sql.Conn
+	mu   sync.Mutex
+	done bool
+}
+
+// txSavepoint marks the transaction a Tx started; it disappears with it.
+const txSavepoint = "idem_tx"
+
+// BeginTx starts a Tx on a connection of its own (see Tx). opts as for
+// sql.DB.BeginTx; ctx bounds the whole transaction, as there.
+func (s *Store) BeginTx(ctx context.Context, opts *sql.TxOptions) (*Tx, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, mapErr(err, false)
+	}
+	if _, err := conn.ExecContext(ctx, "SET SESSION autocommit = 0"); err != nil {
+		discard(conn)
+		return nil, mapErr(err, false)
+	}
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		discard(conn)
+		return nil, mapErr(err, false)
+	}
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+txSavepoint); err != nil {
+		_ = tx.Rollback()
+		discard(conn)
+		return nil, mapErr(err, false)
+	}
+	return &Tx{Tx: tx, conn: conn}, nil
+}
+
+// Commit commits the transaction if it is still the one BeginTx started.
+// If the server ended it before (see Tx), it rolls back whatever ran since
+// and returns an error matching ErrTxEnded and idem.ErrUnavailable: nothing
+// was committed, run the whole transaction again. A connection lost during
+// COMMIT gives idem.ErrUnknownOutcome (read the records to learn what
+// happened).
+func (t *Tx) Commit() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return sql.ErrTxDone
+	}
+	t.done = true
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := t.Tx.ExecContext(ctx, "RELEASE SAVEPOINT "+txSavepoint); err != nil {
+		releaseConn(t.conn, true, t.Tx.Rollback() == nil)
+		if isServerErr(err, erSavepointMissing) {
+			return txEnded(err)
+		}
+		return mapErr(err, false)
+	}
+	err := t.Tx.Commit()
+	releaseConn(t.conn, true, err == nil)
+	if err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) {
+			return mapErr(err, false) // the server answered: not committed
+		}
+		return mapErr(err, true)
+	}
+	return nil
+}
+
+// Rollback rolls the transaction back; after Commit it returns
+// sql.ErrTxDone, so it can be deferred.
+func (t *Tx) Rollback() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return sql.ErrTxDone
+	}
+	t.done = true
+	err := t.Tx.Rollback()
+	releaseConn(t.conn, true, err == nil)
+	return err
 }
 
 // runFn calls fn and turns a panic into an error after rolling back (the

@@ -235,16 +235,64 @@ func TestClaimLockWaitReportsInProgress(t *testing.T) {
 	}
 }
 
-// ClaimTx + CompleteTx inside the caller's own transaction.
+// txEnder is how a test ends a transaction from DB.BeginTx or Store.BeginTx.
+type txEnder interface {
+	Commit() error
+	Rollback() error
+}
+
+// ClaimTx + CompleteTx inside the caller's own transaction, begun by
+// DB.BeginTx or by Store.BeginTx (whose connection must go back to the
+// pool in autocommit: the pool has one connection, so a leak would show).
 func TestClaimTxCompleteTx(t *testing.T) {
+	for _, viaStore := range []bool{false, true} {
+		name := "DB.BeginTx"
+		if viaStore {
+			name = "Store.BeginTx"
+		}
+		t.Run(name, func(t *testing.T) { testClaimTxCompleteTx(t, viaStore) })
+	}
+}
+
+func testClaimTxCompleteTx(t *testing.T, viaStore bool) {
 	s, db := newStore(t, mysqlstore.Config{})
 	makeLedger(t, db)
 	ctx := testCtx(t)
-	for i, commit := range []bool{false, true} {
+	begin := func() (*sql.Tx, txEnder) {
+		t.Helper()
+		if viaStore {
+			tx, err := s.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tx.Tx, tx
+		}
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		return tx, tx
+	}
+	ended := func(end txEnder) {
+		t.Helper()
+		if !viaStore {
+			return
+		}
+		if err := end.Commit(); !errors.Is(err, sql.ErrTxDone) {
+			t.Fatalf("Commit after the end: %v", err)
+		}
+		if err := end.Rollback(); !errors.Is(err, sql.ErrTxDone) {
+			t.Fatalf("Rollback after the end: %v", err)
+		}
+		if ac := autocommitOf(t, db); ac != 1 {
+			t.Fatalf("@@autocommit = %d on the pool's connection after the Tx", ac)
+		}
+	}
+	if viaStore {
+		db.SetMaxOpenConns(1)
+	}
+	for i, commit := range []bool{false, true} {
+		tx, end := begin()
 		c, err := s.ClaimTx(ctx, tx, claimReq("own"))
 		if err != nil || c.Outcome != idem.OutcomeAcquired {
 			t.Fatalf("ClaimTx = %+v, %v", c, err)
@@ -256,13 +304,14 @@ func TestClaimTxCompleteTx(t *testing.T) {
 			t.Fatal(err)
 		}
 		if commit {
-			err = tx.Commit()
+			err = end.Commit()
 		} else {
-			err = tx.Rollback()
+			err = end.Rollback()
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
+		ended(end)
 	}
 	rec, err := s.Get(ctx, []byte("own"))
 	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "1" || ledgerCount(t, db, "own") != 1 {
@@ -276,10 +325,7 @@ func TestClaimTxCompleteTx(t *testing.T) {
 		if derived {
 			mysqlstore.SetDerivedMin(s, 1)
 		}
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx, end := begin()
 		res, err := s.ClaimBatchTx(ctx, tx, []idem.ClaimRequest{claimReq("b1"), claimReq("b2"), claimReq("own"), claimReq("b1")})
 		if err != nil || res[0].Claim.Outcome != idem.OutcomeAcquired || res[1].Claim.Outcome != idem.OutcomeAcquired ||
 			res[2].Claim.Outcome != idem.OutcomeCompleted || res[3].Claim.Outcome != idem.OutcomeInProgress {
@@ -291,9 +337,10 @@ func TestClaimTxCompleteTx(t *testing.T) {
 		if err := s.ReleaseTx(ctx, tx, []byte("b2"), res[1].Claim.Record.Token, "later"); err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Rollback(); err != nil {
+		if err := end.Rollback(); err != nil {
 			t.Fatal(err)
 		}
+		ended(end)
 		for _, k := range []string{"b1", "b2"} {
 			if _, err := s.Get(ctx, []byte(k)); !errors.Is(err, idem.ErrNotFound) {
 				t.Fatalf("%s after rollback: %v", k, err)

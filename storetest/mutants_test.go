@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,10 +16,42 @@ import (
 	"github.com/idem-dev/idem/storetest"
 )
 
-// mutant wraps the memory store with one deliberate contract violation.
+// mutant wraps the memory store with one deliberate contract violation. It
+// also plays a store that can hold undecodable records (damaged marks keys
+// whose record "fails to decode"), so that the bad-record rules can be
+// checked, and it tracks each key's last TTL for the maintenance mutants.
 type mutant struct {
 	idem.Store
 	kind string
+	*mutState
+}
+
+// mutState is shared by the mutants of one namespace.
+type mutState struct {
+	mu      sync.Mutex
+	damaged map[string]bool
+	ttl     map[string]time.Duration
+}
+
+func newMutState() *mutState {
+	return &mutState{damaged: map[string]bool{}, ttl: map[string]time.Duration{}}
+}
+
+func (m mutant) bad(k []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.damaged[string(k)] {
+		return fmt.Errorf("%w: key %q: checksum mismatch", idem.ErrCorrupt, k)
+	}
+	return nil
+}
+
+func (m mutant) claimed(r idem.ClaimRequest, c idem.Claim, err error) {
+	if err == nil && c.Outcome == idem.OutcomeAcquired {
+		m.mu.Lock()
+		m.ttl[string(r.Key)] = r.TTL
+		m.mu.Unlock()
+	}
 }
 
 func (m mutant) key(k []byte) []byte {
@@ -34,6 +68,12 @@ func (m mutant) key(k []byte) []byte {
 
 func (m mutant) Claim(ctx context.Context, r idem.ClaimRequest) (idem.Claim, error) {
 	r.Key = m.key(r.Key)
+	if err := idem.ValidateClaim(r); err != nil {
+		return idem.Claim{}, err
+	}
+	if err := m.bad(r.Key); err != nil {
+		return idem.Claim{}, err
+	}
 	if m.kind == "no-fingerprint" {
 		r.Fingerprint = nil
 	}
@@ -48,11 +88,53 @@ func (m mutant) Claim(ctx context.Context, r idem.ClaimRequest) (idem.Claim, err
 		}
 		return c, err
 	}
-	return m.Store.Claim(ctx, r)
+	c, err := m.Store.Claim(ctx, r)
+	m.claimed(r, c, err)
+	return c, err
+}
+
+// ClaimBatch answers damaged entries itself and passes the others on in one
+// batch, so that they keep batch semantics (a key twice, one instant).
+func (m mutant) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	out := make([]idem.BatchResult, len(reqs))
+	var pass []idem.ClaimRequest
+	var at []int
+	for i, r := range reqs {
+		r.Key = m.key(r.Key)
+		if err := m.bad(r.Key); err != nil {
+			if m.kind == "batch-fails-on-bad-record" {
+				return nil, err
+			}
+			out[i].Err = err
+			continue
+		}
+		pass = append(pass, r)
+		at = append(at, i)
+	}
+	res, err := m.Store.(idem.BatchClaimer).ClaimBatch(ctx, pass)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range at {
+		out[i] = res[j]
+		m.claimed(pass[j], res[j].Claim, res[j].Err)
+	}
+	return out, nil
+}
+
+func (m mutant) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	errs := make([]error, len(cs))
+	for i, c := range cs {
+		errs[i] = m.Complete(ctx, c.Key, c.Token, c.Result)
+	}
+	return errs, nil
 }
 
 func (m mutant) Complete(ctx context.Context, k []byte, tok uint64, res []byte) error {
 	k = m.key(k)
+	if err := m.bad(k); err != nil {
+		return err
+	}
 	if m.kind == "ignore-fencing" {
 		if r, err := m.Store.Get(ctx, k); err == nil && r.State == idem.StateInProgress {
 			tok = r.Token
@@ -61,12 +143,85 @@ func (m mutant) Complete(ctx context.Context, k []byte, tok uint64, res []byte) 
 	return m.Store.Complete(ctx, k, tok, res)
 }
 
+func (m mutant) Release(ctx context.Context, k []byte, tok uint64, cause string) error {
+	if err := m.bad(k); err != nil {
+		return err
+	}
+	return m.Store.Release(ctx, k, tok, cause)
+}
+
+func (m mutant) Fail(ctx context.Context, k []byte, tok uint64, cause string) error {
+	if err := m.bad(k); err != nil {
+		return err
+	}
+	return m.Store.Fail(ctx, k, tok, cause)
+}
+
+func (m mutant) Extend(ctx context.Context, k []byte, tok uint64, lease time.Duration) error {
+	if err := m.bad(k); err != nil {
+		return err
+	}
+	return m.Store.Extend(ctx, k, tok, lease)
+}
+
 func (m mutant) Get(ctx context.Context, k []byte) (idem.Record, error) {
+	if err := idem.ValidateKey(k); err != nil {
+		return idem.Record{}, err
+	}
+	if err := m.bad(m.key(k)); err != nil {
+		return idem.Record{}, err
+	}
 	r, err := m.Store.Get(ctx, m.key(k))
 	if err == nil {
 		r.Key = k
 	}
 	return r, err
+}
+
+// Purge is the memory store's, after the maintenance mutants' own removals
+// (not counted).
+func (m mutant) Purge(ctx context.Context, limit int) (int, error) {
+	m.mu.Lock()
+	var keys [][]byte
+	for k, ttl := range m.ttl {
+		if ttl < time.Second {
+			keys = append(keys, []byte(k))
+		}
+	}
+	m.mu.Unlock()
+	if limit > 0 {
+		keys = nil // the mutants break maintenance rounds, Purge(ctx, 0)
+	}
+	switch m.kind {
+	case "purge-check-then-drop":
+		// Checks which short-lived records expired, then removes them a
+		// little later without checking again (what a DROP PARTITION after
+		// an unlocked "no live row" query does): a record created again in
+		// between is lost.
+		var due [][]byte
+		for _, k := range keys {
+			if _, err := m.Store.Get(ctx, k); errors.Is(err, idem.ErrNotFound) {
+				due = append(due, k)
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		for _, k := range due {
+			if err := m.Store.Delete(ctx, k); err != nil {
+				return 0, err
+			}
+		}
+	case "purge-early":
+		// Removes short-lived records that are about to expire (a skewed
+		// clock, or <= where < was meant, made large).
+		for _, k := range keys {
+			if r, err := m.Store.Get(ctx, k); err == nil && time.Until(r.ExpiresAt) < 100*time.Millisecond {
+				if err := m.Store.Delete(ctx, k); err != nil {
+					return 0, err
+				}
+			}
+		}
+	}
+	return m.Store.(idem.Purger).Purge(ctx, limit)
 }
 
 const mutantEnv = "STORETEST_MUTANT"
@@ -83,28 +238,60 @@ func TestMutantChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { root.Close() })
+	var mu sync.Mutex
+	states := map[string]*mutState{}
 	storetest.Run(t, func(t testing.TB, ns string) idem.Store {
 		s, _ := root.Namespace(ns)
-		return mutant{Store: s, kind: kind}
-	}, storetest.Features{LeaseUnit: 20 * 1e6})
+		mu.Lock()
+		defer mu.Unlock()
+		if states[ns] == nil {
+			states[ns] = newMutState()
+		}
+		return mutant{Store: s, kind: kind, mutState: states[ns]}
+	}, storetest.Features{
+		Batch: true, CompleteBatch: true, Purge: true, LeaseUnit: 20 * time.Millisecond,
+		CorruptRecord: func(t testing.TB, st idem.Store, key []byte) {
+			m := st.(mutant)
+			m.mu.Lock()
+			m.damaged[string(key)] = true
+			m.mu.Unlock()
+		},
+	})
 }
 
 // TestSuiteCatchesMutants proves the suite can fail: each deliberately
-// broken store must make it fail.
+// broken store must make it fail, in the case named when one is (a mutant
+// of a newer rule must be caught by the case written for that rule). The
+// control, the same wrapper with no violation, must pass.
 func TestSuiteCatchesMutants(t *testing.T) {
 	if os.Getenv(mutantEnv) != "" {
 		t.Skip("child")
 	}
-	for _, kind := range []string{"check-then-set", "ignore-fencing", "fold-case", "trim-space", "no-fingerprint"} {
-		t.Run(kind, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestMutantChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), mutantEnv+"="+kind)
+	for _, tc := range []struct{ kind, caughtBy string }{
+		{"control", ""},
+		{"check-then-set", ""}, {"ignore-fencing", ""}, {"fold-case", ""}, {"trim-space", ""}, {"no-fingerprint", ""},
+		{"batch-fails-on-bad-record", "BadRecordPerKey"},
+		{"purge-check-then-drop", "MaintenanceKeepsLiveRecords"},
+		{"purge-early", "MaintenanceKeepsLiveRecords"},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestMutantChild$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), mutantEnv+"="+tc.kind)
 			out, err := cmd.CombinedOutput()
+			if tc.kind == "control" {
+				if err != nil {
+					t.Fatalf("the suite failed the mutants' wrapper without a violation:\n%s", out)
+				}
+				return
+			}
 			if err == nil {
-				t.Fatalf("the suite passed a store that violates the contract (%s):\n%s", kind, out)
+				t.Fatalf("the suite passed a store that violates the contract (%s):\n%s", tc.kind, out)
 			}
 			if !bytes.Contains(out, []byte("--- FAIL")) {
 				t.Fatalf("child failed without a test failure:\n%s", out)
+			}
+			if tc.caughtBy != "" && !bytes.Contains(out, []byte("--- FAIL: TestMutantChild/"+tc.caughtBy+" ")) {
+				t.Fatalf("%s was not caught by %s:\n%s", tc.kind, tc.caughtBy, out)
 			}
 		})
 	}

@@ -40,6 +40,26 @@ type Features struct {
 	// LinearizabilityOps is the number of operations per worker in the
 	// porcupine check (default 150, 6 workers).
 	LinearizabilityOps int
+
+	// CorruptRecord damages the stored record of key in st's namespace so
+	// that the store cannot decode it (flipped bytes under a checksum, a
+	// value of the wrong type, a state out of range...), bypassing the
+	// store's own methods. The suite has claimed the key through st first.
+	// nil: the store cannot hold an undecodable record, and BadRecordPerKey
+	// is skipped with that reason.
+	CorruptRecord func(t testing.TB, st idem.Store, key []byte)
+	// Maintain runs one round of the store's maintenance (purge, partition
+	// drops, compaction: whatever an operator or a background job runs)
+	// through st. MaintenanceKeepsLiveRecords calls it in a loop on one
+	// Store value while another Store value of the same namespace claims,
+	// settles and reads. nil: Purge(ctx, 0) if the store is an
+	// idem.Purger; otherwise the case is skipped.
+	Maintain func(ctx context.Context, st idem.Store) error
+	// Keys returns the i-th key of MaintenanceKeepsLiveRecords (i from 0;
+	// distinct i give distinct keys). Default "maint-<i>". A time-partitioned
+	// layout returns keys whose embedded time lands in old partitions, so
+	// that live records sit where maintenance drops things.
+	Keys func(i int) []byte
 }
 
 func (f *Features) defaults() {
@@ -97,6 +117,8 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"ListInProgress", s.testList},
 		{"Stats", s.testStats},
 		{"Linearizable", s.testLinearizable},
+		{"BadRecordPerKey", s.testBadRecord},
+		{"MaintenanceKeepsLiveRecords", s.testMaintenance},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

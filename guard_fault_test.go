@@ -1,0 +1,486 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/faultstore"
+)
+
+// waitUntil polls cond until it holds, failing the test after a generous
+// deadline (a hang guard, not a timing assertion).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// miscount is a BatchClaimer that claims every key but reports a different
+// number of results than requests.
+type miscount struct {
+	idem.Store
+	delta int // results reported = requests + delta
+}
+
+func (m miscount) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	res, err := m.Store.(idem.BatchClaimer).ClaimBatch(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	if m.delta < 0 {
+		return res[:len(res)+m.delta], nil
+	}
+	for i := 0; i < m.delta; i++ {
+		res = append(res, res[0])
+	}
+	return res, nil
+}
+
+// 11.5: a store answering a batch claim with the wrong number of results
+// said something inconsistent: the whole batch is an unknown outcome, and
+// no entry is reported acquired or duplicate (nothing may be acked).
+func TestAcquireBatchResultCountMismatchFailsBatch(t *testing.T) {
+	for _, delta := range []int{-1, -3, +1} {
+		for _, failOpen := range []bool{false, true} {
+			t.Run(fmt.Sprintf("delta %+d fail-open %v", delta, failOpen), func(t *testing.T) {
+				mem := newMem(t)
+				var hooks countHook
+				g := newGuard(t, miscount{mem, delta}, idem.WithFailOpen(failOpen), idem.WithHooks(hooks.hooks()))
+				items := []idem.BatchItem{{Key: []byte("a")}, {Key: []byte("b")}, {Key: []byte("c")}}
+				acqs, err := g.AcquireBatch(ctx, items)
+				if !errors.Is(err, idem.ErrUnknownOutcome) {
+					t.Fatalf("err = %v, want ErrUnknownOutcome", err)
+				}
+				if acqs != nil {
+					t.Fatalf("acquisitions %+v reported for a batch whose outcome is unknown", acqs)
+				}
+				if hooks.failOpen.Load() != 0 {
+					t.Fatal("an inconsistent answer was let through fail-open")
+				}
+			})
+		}
+	}
+}
+
+// 11.10: fail-open lets a handler run only when the store says it could not
+// be reached and applied nothing; every other store error fails closed.
+func TestFailOpenOnlyWhenStoreUnreachable(t *testing.T) {
+	corrupt := errors.New("boltstore: record \"k\": corrupt: unexpected end of data")
+	for _, tc := range []struct {
+		name string
+		err  error
+		open bool
+	}{
+		{"unreachable", fmt.Errorf("dial: %w", idem.ErrUnavailable), true},
+		{"unknown outcome", idem.ErrUnknownOutcome, false},
+		{"unreachable but maybe applied", errors.Join(idem.ErrUnavailable, idem.ErrUnknownOutcome), false},
+		{"at capacity", idem.ErrCapacity, false},
+		{"corrupt record", corrupt, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := faultstore.New(newMem(t))
+			fs.Inject(faultstore.OpClaim, faultstore.Fault{Err: tc.err})
+			fs.Inject(faultstore.OpBatch, faultstore.Fault{Err: tc.err})
+			var hooks countHook
+			g := newGuard(t, fs.WithBatch(), idem.WithFailOpen(true), idem.WithHooks(hooks.hooks()))
+			runs := 0
+			r, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { runs++; return nil, nil })
+			if tc.open != (err == nil && r.FailedOpen && runs == 1) {
+				t.Fatalf("Do: %+v, %v, runs %d; want open=%v", r, err, runs, tc.open)
+			}
+			if !tc.open && !errors.Is(err, tc.err) {
+				t.Fatalf("Do err = %v, want %v", err, tc.err)
+			}
+			acqs, err := g.AcquireBatch(ctx, []idem.BatchItem{{Key: []byte("x")}, {Key: []byte("y")}})
+			if tc.open {
+				if err != nil || len(acqs) != 2 || !acqs[0].Result.FailedOpen || !acqs[1].Result.FailedOpen {
+					t.Fatalf("AcquireBatch: %+v, %v; want every item open", acqs, err)
+				}
+			} else if err == nil || acqs != nil {
+				t.Fatalf("AcquireBatch: %+v, %v; want the batch to fail closed", acqs, err)
+			}
+			if want := map[bool]int32{true: 3, false: 0}[tc.open]; hooks.failOpen.Load() != want {
+				t.Fatalf("%d fail-open passes, want %d", hooks.failOpen.Load(), want)
+			}
+		})
+	}
+}
+
+// 11.7: a result too large to record, after its effect ran, marks the key
+// failed with the reason instead of releasing it: the effect never runs
+// again, and the caller gets ErrResultTooLarge.
+func TestResultTooLargeFailsKeyWithoutRerun(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), idem.MaxResultLen+1)
+	check := func(t *testing.T, s idem.Store, g *idem.Guard, key string, err error, runs int) {
+		t.Helper()
+		if !errors.Is(err, idem.ErrResultTooLarge) {
+			t.Fatalf("err = %v, want ErrResultTooLarge", err)
+		}
+		rec, gerr := s.Get(ctx, []byte(key))
+		if gerr != nil || rec.State != idem.StateFailed || !strings.Contains(rec.LastError, "exceeds MaxResultLen") ||
+			!strings.Contains(rec.LastError, fmt.Sprint(len(big))) {
+			t.Fatalf("record %+v, %v; want failed, saying why", rec, gerr)
+		}
+		_, err = g.Do(ctx, []byte(key), func(context.Context) ([]byte, error) {
+			t.Fatal("the effect ran again")
+			return nil, nil
+		})
+		if !errors.Is(err, idem.ErrFailed) || runs != 1 {
+			t.Fatalf("duplicate: %v (runs %d), want ErrFailed and one run", err, runs)
+		}
+	}
+	t.Run("Do", func(t *testing.T) {
+		s := newMem(t)
+		g := newGuard(t, s)
+		runs := 0
+		_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { runs++; return big, nil })
+		check(t, s, g, "k", err, runs)
+	})
+	t.Run("Acquire and Complete", func(t *testing.T) {
+		s := newMem(t)
+		g := newGuard(t, s)
+		h, _, err := g.Acquire(ctx, []byte("k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, s, g, "k", h.Complete(ctx, big), 1)
+	})
+	for _, batch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("CompleteBatch batch store %v", batch), func(t *testing.T) {
+			fs := faultstore.New(newMem(t))
+			var st idem.Store = noBatch{fs}
+			if batch {
+				st = fs.WithBatch()
+			}
+			g := newGuard(t, st)
+			ha, _, _ := g.Acquire(ctx, []byte("a"))
+			hb, _, _ := g.Acquire(ctx, []byte("b"))
+			errs := g.CompleteBatch(ctx, []*idem.Held{ha, hb}, [][]byte{[]byte("ok"), big})
+			if errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			check(t, fs, g, "b", errs[1], 1)
+		})
+	}
+}
+
+// 11.9: a per-call lease shorter than the guard's heartbeat interval is
+// still kept alive: the heartbeat follows each claim's own lease, so a
+// second caller never runs the handler while the first still does.
+func TestShortCallLeaseKeptByHeartbeat(t *testing.T) {
+	s := newMem(t)
+	g := newGuard(t, s) // default 30 s lease: heartbeat every 10 s
+	const lease = 300 * time.Millisecond
+	var runs atomic.Int32
+	handler := func(ctx context.Context) ([]byte, error) {
+		runs.Add(1)
+		for i := 0; i < 12; i++ { // 4 leases
+			time.Sleep(lease / 3)
+			_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) {
+				runs.Add(1)
+				return nil, nil
+			}, idem.WithCallLease(lease))
+			if !errors.Is(err, idem.ErrInProgress) {
+				return nil, fmt.Errorf("second caller after %d checks: %v", i, err)
+			}
+		}
+		return []byte("once"), nil
+	}
+	if _, err := g.Do(ctx, []byte("k"), handler, idem.WithCallLease(lease)); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("%d handlers ran, want 1", runs.Load())
+	}
+}
+
+// 11.6: CompleteBatch keeps every held key's lease alive while the batch
+// call fails, retries the batch as a batch, and settles each key once.
+func TestCompleteBatchKeepsLeasesUntilSettled(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	st := fs.WithBatch()
+	const lease = 300 * time.Millisecond
+	g := newGuard(t, st, idem.WithLease(lease))
+	rival := newGuard(t, st)
+	keys := []string{"a", "b", "c"}
+	var hs []*idem.Held
+	for _, k := range keys {
+		h, _, err := g.Acquire(ctx, []byte(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	// The batch call and single completes time out (not applied) until the
+	// store recovers; extends still work.
+	fs.Inject(faultstore.OpCompleteBatch, faultstore.Fault{Err: idem.ErrUnknownOutcome})
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{Err: idem.ErrUnknownOutcome})
+	done := make(chan []error, 1)
+	go func() { done <- g.CompleteBatch(ctx, hs, [][]byte{[]byte("ra"), []byte("rb"), []byte("rc")}) }()
+	// For four leases another worker must find every key in progress.
+	for end := time.Now().Add(4 * lease); time.Now().Before(end); time.Sleep(lease / 4) {
+		for _, k := range keys {
+			h, _, err := rival.Acquire(ctx, []byte(k))
+			if h != nil || !errors.Is(err, idem.ErrInProgress) {
+				t.Fatalf("key %s taken over while its completion was pending: %v", k, err)
+			}
+		}
+	}
+	if fs.Calls(faultstore.OpCompleteBatch) < 2 {
+		t.Fatalf("%d batch calls: a failed batch was not retried as a batch", fs.Calls(faultstore.OpCompleteBatch))
+	}
+	fs.Clear()
+	errs := <-done
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, idem.ErrUnrecorded) {
+			t.Fatalf("key %s: %v", keys[i], err)
+		}
+	}
+	for _, k := range keys {
+		waitUntil(t, "key "+k+" completed", func() bool {
+			r, err := fs.Get(ctx, []byte(k))
+			return err == nil && r.State == idem.StateCompleted && string(r.Result) == "r"+k && r.Attempts == 1
+		})
+	}
+}
+
+// 11.6: a failed batch is retried as one batch call, not key by key.
+func TestCompleteBatchRetriedAsBatch(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	st := fs.WithBatch()
+	g := newGuard(t, st)
+	var hs []*idem.Held
+	for _, k := range []string{"a", "b", "c", "d"} {
+		h, _, err := g.Acquire(ctx, []byte(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	fs.Inject(faultstore.OpCompleteBatch, faultstore.Fault{Err: idem.ErrUnavailable, Times: 2})
+	for i, err := range g.CompleteBatch(ctx, hs, nil) {
+		if err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+	}
+	if b, c := fs.Calls(faultstore.OpCompleteBatch), fs.Calls(faultstore.OpComplete); b != 3 || c != 0 {
+		t.Fatalf("%d batch calls and %d single completes, want 3 and 0", b, c)
+	}
+}
+
+// deadlines is a store whose Complete, Release, Fail and Extend are down;
+// it records the deadline of each settle call's context.
+type deadlines struct {
+	idem.Store
+	mu sync.Mutex
+	d  []time.Time
+}
+
+func (s *deadlines) note(ctx context.Context) error {
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(100 * 365 * 24 * time.Hour)
+	}
+	s.mu.Lock()
+	s.d = append(s.d, d)
+	s.mu.Unlock()
+	return fmt.Errorf("settle: %w", idem.ErrUnavailable)
+}
+func (s *deadlines) Complete(ctx context.Context, _ []byte, _ uint64, _ []byte) error {
+	return s.note(ctx)
+}
+func (s *deadlines) Release(ctx context.Context, _ []byte, _ uint64, _ string) error {
+	return s.note(ctx)
+}
+func (s *deadlines) Fail(ctx context.Context, _ []byte, _ uint64, _ string) error { return s.note(ctx) }
+func (s *deadlines) Extend(context.Context, []byte, uint64, time.Duration) error {
+	return idem.ErrUnavailable
+}
+
+// 11.6: the settle budget comes from the claim's lease, not a fixed 10 s:
+// no settle call of Complete, Release or Fail may run past the lease.
+func TestSettleBudgetNeverOutlivesLease(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		settle func(context.Context, *idem.Held) error
+	}{
+		{"complete", func(ctx context.Context, h *idem.Held) error { return h.Complete(ctx, []byte("v")) }},
+		{"release", func(ctx context.Context, h *idem.Held) error { return h.Release(ctx, errors.New("x")) }},
+		{"fail", func(ctx context.Context, h *idem.Held) error {
+			return h.Release(ctx, idem.Permanent(errors.New("x")))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &deadlines{Store: newMem(t)}
+			g := newGuard(t, s, idem.WithLease(lease), idem.WithBackgroundRetry(-1))
+			h, _, err := g.Acquire(ctx, []byte("k"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			leaseEnd := time.Now().Add(lease) // the claim was sent before now
+			cctx, cancel := context.WithCancel(ctx)
+			cancel() // a shutdown: settling must still be tried, within the lease
+			if err := tc.settle(cctx, h); err == nil {
+				t.Fatal("settle against a down store succeeded")
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if len(s.d) < 2 {
+				t.Fatalf("%d settle calls, want retries within the lease", len(s.d))
+			}
+			for i, d := range s.d {
+				if d.After(leaseEnd) {
+					t.Fatalf("settle call %d had %s past the lease's end", i, d.Sub(leaseEnd))
+				}
+			}
+		})
+	}
+}
+
+// 11.8: completion outlasts a store outage of more than the old five
+// retries (~0.3 s) while the lease allows, and the key is completed, never
+// left for a takeover.
+func TestCompleteOutlastsShortOutage(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	g := newGuard(t, fs, idem.WithLease(2*time.Second))
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{Times: 9})
+	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); err != nil {
+		t.Fatalf("completion gave up during a short outage: %v", err)
+	}
+	if r, err := fs.Get(ctx, []byte("k")); err != nil || r.State != idem.StateCompleted || r.Attempts != 1 {
+		t.Fatalf("record %+v, %v", r, err)
+	}
+	if n := fs.Calls(faultstore.OpComplete); n != 10 {
+		t.Fatalf("%d complete calls, want 10", n)
+	}
+}
+
+// 11.8: once the foreground gives up (ErrUnrecorded), the guard keeps
+// completing in the background; when the store is back the record is
+// completed before anyone can take the key over, and OnUnrecorded reports
+// both the pending completion and its recovery.
+func TestUnrecordedCompletionRecoveredInBackground(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	var hooks countHook
+	const lease = 300 * time.Millisecond
+	g := newGuard(t, fs, idem.WithLease(lease), idem.WithHooks(hooks.hooks()))
+	for _, op := range []faultstore.Op{faultstore.OpComplete, faultstore.OpExtend, faultstore.OpGet} {
+		fs.Inject(op, faultstore.Fault{})
+	}
+	runs := 0
+	effect := func(context.Context) ([]byte, error) { runs++; return []byte("v"), nil }
+	if _, err := g.Do(ctx, []byte("k"), effect); !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v, want ErrUnrecorded", err)
+	}
+	n := fs.Calls(faultstore.OpComplete)
+	waitUntil(t, "background retries", func() bool { return fs.Calls(faultstore.OpComplete) > n })
+	fs.Clear()
+	waitUntil(t, "the record completed", func() bool {
+		r, err := fs.Get(ctx, []byte("k"))
+		return err == nil && r.State == idem.StateCompleted
+	})
+	if r, err := g.Do(ctx, []byte("k"), effect); err != nil || !r.Replayed || runs != 1 {
+		t.Fatalf("redelivery: %+v, %v, runs %d; want a replay", r, err, runs)
+	}
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	var phases []idem.UnrecordedPhase
+	for _, e := range hooks.unrecorded {
+		phases = append(phases, e.Phase)
+	}
+	if len(phases) != 2 || phases[0] != idem.UnrecordedPending || phases[1] != idem.UnrecordedRecovered {
+		t.Fatalf("OnUnrecorded phases %v, want [pending recovered]", phases)
+	}
+	if e := hooks.unrecorded[0]; string(e.Key) != "k" || e.Action != idem.SettleComplete || e.Err == nil || e.Window > lease {
+		t.Fatalf("pending event %+v", e)
+	}
+}
+
+// 11.8: Close stops the background completer within a bounded time and
+// reports what it abandoned; no goroutine is left (TestMain checks).
+func TestCloseAbandonsBackgroundCompletion(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	var hooks countHook
+	g, err := idem.NewGuard(fs, idem.WithLease(200*time.Millisecond), idem.WithHooks(hooks.hooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []faultstore.Op{faultstore.OpComplete, faultstore.OpExtend, faultstore.OpGet} {
+		fs.Inject(op, faultstore.Fault{})
+	}
+	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v", err)
+	}
+	g.Close()
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	if n := len(hooks.unrecorded); n != 2 || hooks.unrecorded[1].Phase != idem.UnrecordedAbandoned {
+		t.Fatalf("OnUnrecorded events %+v, want pending then abandoned", hooks.unrecorded)
+	}
+}
+
+// 11.6: Fail (a permanent error) is retried until recorded, so a poison
+// message is not run again once its lease lapses.
+func TestPermanentFailRetriedUntilRecorded(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	g := newGuard(t, fs)
+	fs.Inject(faultstore.OpFail, faultstore.Fault{Err: idem.ErrUnknownOutcome, Times: 3})
+	_, err := g.Do(ctx, []byte("poison"), func(context.Context) ([]byte, error) {
+		return nil, idem.Permanent(errors.New("unparseable"))
+	})
+	if !errors.Is(err, idem.ErrFailed) {
+		t.Fatalf("err = %v, want ErrFailed", err)
+	}
+	if r, err := fs.Get(ctx, []byte("poison")); err != nil || r.State != idem.StateFailed {
+		t.Fatalf("record %+v, %v", r, err)
+	}
+}
+
+// 11.8: with Complete failing but Extend working (a partial outage), the
+// background keeps the key held until its budget runs out, then stops the
+// heartbeat and reports the completion abandoned: the key is not held for
+// ever.
+func TestBackgroundRetryBudgetThenAbandoned(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	var hooks countHook
+	const lease = 150 * time.Millisecond
+	g := newGuard(t, fs, idem.WithLease(lease), idem.WithBackgroundRetry(4*lease), idem.WithHooks(hooks.hooks()))
+	rival := newGuard(t, fs)
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
+	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v", err)
+	}
+	abandoned := func() bool {
+		hooks.mu.Lock()
+		defer hooks.mu.Unlock()
+		return len(hooks.unrecorded) == 2 && hooks.unrecorded[1].Phase == idem.UnrecordedAbandoned
+	}
+	// Held while the background tries: the heartbeat goes on.
+	for !abandoned() {
+		if h, _, err := rival.Acquire(ctx, []byte("k")); h != nil || !errors.Is(err, idem.ErrInProgress) {
+			if abandoned() {
+				break // the budget ran out between the two checks
+			}
+			t.Fatalf("taken over while the background still tried: %v", err)
+		}
+		time.Sleep(lease / 5)
+	}
+	waitUntil(t, "the lease to lapse after the background gave up", func() bool {
+		h, _, err := rival.Acquire(ctx, []byte("k"))
+		return err == nil && h != nil
+	})
+}

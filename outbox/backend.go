@@ -1,0 +1,174 @@
+package outbox
+
+import (
+	"context"
+	"time"
+)
+
+// Backend is an outbox table, seen from the relay and from operators.
+// Writing into it is backend-specific, because it happens inside the
+// caller's transaction (pgoutbox.Outbox.Enqueue takes a pgx.Tx,
+// mysqloutbox a *sql.Tx, boltoutbox a *bbolt.Tx); every Enqueue goes
+// through Prepare and stores the message as StatusPending with Attempts 0,
+// NextAttemptAt = CreatedAt = the backend's clock, and a Seq larger than
+// every Seq the backend handed out before. A message whose ID is already
+// stored fails with ErrDuplicateID. The message exists for the relay when,
+// and only if, the caller's transaction commits.
+//
+// Implementations are safe for concurrent use by many goroutines and, for
+// the SQL backends, many processes. Times given as zero mean the backend's
+// own clock (the database server's); the relay passes its clock's time only
+// when one is injected, so that a relay host whose clock is behind the
+// database does not delay fresh messages.
+//
+// Claim is the relay's half:
+//
+//   - It returns up to req.Limit rows with StatusPending and NextAttemptAt
+//     <= req.Now, in (NextAttemptAt, Seq) order, and holds them until the
+//     batch is settled or released, or until the claimer is gone (its
+//     process died, its connection was lost): the backend frees them then,
+//     unchanged. A row held by one batch is never in another (on SQL: FOR
+//     UPDATE SKIP LOCKED), so any number of relays may claim at once and
+//     none waits for another's batch.
+//   - It never remembers a position: every claim looks at every due row,
+//     because rows commit out of Seq order (a transaction that took Seq 10
+//     may commit after the one that took Seq 11).
+//   - With req.Ordered, a row is returned only when no row with the same
+//     non-empty Key and a smaller Seq is pending (due or not, held by a
+//     batch or not): a key's later message waits until the earlier one is
+//     sent or failed. Rows with an empty Key are not ordered.
+//   - A claim that finds nothing returns an empty batch (Settle and Release
+//     are no-ops on it).
+//
+// PurgeSent removes up to limit rows with StatusSent whose UpdatedAt is
+// before before, in small statements, skipping rows another purge holds,
+// and returns how many it removed. Pending and failed rows are never
+// purged.
+//
+// Stats counts pending and failed rows and reads the oldest pending row's
+// CreatedAt.
+//
+// ListFailed returns up to limit rows with StatusFailed and Seq > afterSeq,
+// in Seq order (an operator's page walk; a row failed after the walk passed
+// its Seq is seen on the next walk). Requeue turns the failed rows among
+// ids back into pending rows due now with Attempts 0 (LastError is kept) and
+// returns how many it changed; ids that are not failed are left alone.
+type Backend interface {
+	Claim(ctx context.Context, req ClaimRequest) (Batch, error)
+	PurgeSent(ctx context.Context, before time.Time, limit int) (int, error)
+	Stats(ctx context.Context) (Stats, error)
+	ListFailed(ctx context.Context, afterSeq int64, limit int) ([]Row, error)
+	Requeue(ctx context.Context, ids []string) (int, error)
+}
+
+// ClaimRequest asks for due rows.
+type ClaimRequest struct {
+	Limit   int       // at least 1
+	Now     time.Time // zero: the backend's clock
+	Ordered bool      // per-key order: only the earliest pending row of each key
+}
+
+// Batch is a claim: rows held until Settle or Release.
+//
+// Settle records what happened to rows of the batch and ends it, in one
+// atomic step: every row in s.Sent becomes StatusSent, every row in s.Retry
+// stays pending with NextAttemptAt = s.Now + Delay and LastError = Err,
+// every row in s.Failed becomes StatusFailed with LastError = Err; each of
+// them gets Attempts+1 and UpdatedAt = s.Now. Rows of the batch not named
+// are freed unchanged. A Seq that is not in the batch, or named twice, is
+// idem.ErrInvalidArgument and nothing changes; a second Settle is
+// ErrBatchEnded. When Settle fails the rows are freed unchanged (or, when
+// the outcome is unknown, maybe settled): a published row is then
+// published again, which the broker's dedup and the consumer's guard absorb.
+//
+// Release frees every row of the batch unchanged (no attempt counted) and
+// ends it; after Settle or Release it is a no-op, so it can be deferred.
+type Batch interface {
+	Rows() []Row
+	Settle(ctx context.Context, s Settlement) error
+	Release(ctx context.Context) error
+}
+
+// Settlement is the outcome of publishing a batch.
+type Settlement struct {
+	Now    time.Time // zero: the backend's clock
+	Sent   []int64   // Seqs published
+	Retry  []Retry
+	Failed []Failure
+}
+
+// Len is the number of rows s names.
+func (s Settlement) Len() int { return len(s.Sent) + len(s.Retry) + len(s.Failed) }
+
+// Check returns idem.ErrInvalidArgument unless every Seq s names is in the
+// batch (inBatch) and named once, as Batch.Settle requires; backends call
+// it before changing anything.
+func (s Settlement) Check(inBatch func(seq int64) bool) error {
+	seen := make(map[int64]struct{}, s.Len())
+	check := func(seq int64) error {
+		if !inBatch(seq) {
+			return invalid("settle: seq %d is not in the batch", seq)
+		}
+		if _, dup := seen[seq]; dup {
+			return invalid("settle: seq %d named twice", seq)
+		}
+		seen[seq] = struct{}{}
+		return nil
+	}
+	for _, seq := range s.Sent {
+		if err := check(seq); err != nil {
+			return err
+		}
+	}
+	for _, r := range s.Retry {
+		if err := check(r.Seq); err != nil {
+			return err
+		}
+	}
+	for _, f := range s.Failed {
+		if err := check(f.Seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Retry reschedules a row after a failed attempt.
+type Retry struct {
+	Seq   int64
+	Delay time.Duration // NextAttemptAt = Now + Delay
+	Err   string        // stored in LastError (TruncateError)
+}
+
+// Failure marks a row failed after its last attempt.
+type Failure struct {
+	Seq int64
+	Err string
+}
+
+// Stats is a snapshot of the outbox, for metrics and alerts.
+type Stats struct {
+	Pending       int64     // backlog: pending rows, due or not
+	Failed        int64     // rows waiting for an operator
+	OldestPending time.Time // CreatedAt of the oldest pending row; zero when none
+	At            time.Time // the backend's clock when counted
+}
+
+// OldestAge is how long the oldest pending row has waited (0 when none),
+// measured on the backend's clock.
+func (s Stats) OldestAge() time.Duration {
+	if s.OldestPending.IsZero() {
+		return 0
+	}
+	return max(s.At.Sub(s.OldestPending), 0)
+}
+
+// Notifier is an optional Backend capability: Listen calls wake soon after
+// a transaction that enqueued messages commits (PostgreSQL LISTEN/NOTIFY),
+// so the relay need not poll often. It blocks until ctx is done (then it
+// returns nil) or the notification channel fails for good; it reconnects
+// after transient failures and calls wake after each reconnect, since
+// notifications sent meanwhile are lost.
+type Notifier interface {
+	Listen(ctx context.Context, wake func()) error
+}

@@ -1,0 +1,143 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/outbox"
+)
+
+// TestBackoffSeedSchedule: the seed's schedule (1s, x1.5, capped at 10s)
+// plus at most Jitter of it.
+func TestBackoffSeedSchedule(t *testing.T) {
+	var b outbox.Backoff // defaults
+	for _, tc := range []struct {
+		attempt int
+		rnd     float64
+		want    time.Duration
+	}{
+		{1, 0, time.Second},
+		{2, 0, 1500 * time.Millisecond},
+		{3, 0, 2250 * time.Millisecond},
+		{6, 0, 7593750 * time.Microsecond},
+		{7, 0, 10 * time.Second}, // 11.39s capped
+		{100, 0, 10 * time.Second},
+		{1, 0.5, 1050 * time.Millisecond},
+		{100, 0.999, 10*time.Second + 999*time.Millisecond},
+		{0, 0, time.Second},
+	} {
+		if got := b.Delay(tc.attempt, tc.rnd); got != tc.want {
+			t.Errorf("Delay(%d, %v) = %s, want %s", tc.attempt, tc.rnd, got, tc.want)
+		}
+	}
+	noJitter := outbox.Backoff{Jitter: -1}
+	if got := noJitter.Delay(1, 0.9); got != time.Second {
+		t.Errorf("no jitter: %s", got)
+	}
+	for _, bad := range []outbox.Backoff{{Initial: time.Microsecond}, {Multiplier: 0.5}, {Initial: 2 * time.Second, Max: time.Second}, {Jitter: 2}} {
+		if err := bad.Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	ctx := broker.ContextWithTrace(context.Background(), broker.TraceContext{TraceParent: tp})
+	in := outbox.Message{Topic: "t", Headers: map[string]string{"a": "b"}}
+	m, hdr, err := outbox.Prepare(ctx, in, func() (string, error) { return "id-1", nil })
+	if err != nil || m.ID != "id-1" || m.Headers[broker.HeaderTraceParent] != tp || m.Headers["a"] != "b" {
+		t.Fatalf("Prepare = %+v, %v", m, err)
+	}
+	if in.Headers[broker.HeaderTraceParent] != "" || in.ID != "" {
+		t.Fatal("Prepare modified its argument")
+	}
+	if got, err := outbox.DecodeHeaders(hdr); err != nil || !maps.Equal(got, m.Headers) {
+		t.Fatalf("encoded headers decode to %v, %v", got, err)
+	}
+	if _, _, err := outbox.Prepare(ctx, outbox.Message{Topic: "t"}, nil); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("no id, no NewID: %v", err)
+	}
+	idErr := errors.New("generator stopped")
+	if _, _, err := outbox.Prepare(ctx, outbox.Message{Topic: "t"}, func() (string, error) { return "", idErr }); !errors.Is(err, idErr) {
+		t.Fatalf("NewID failing: %v", err)
+	}
+	if _, _, err := outbox.Prepare(ctx, outbox.Message{ID: "x", Topic: "t", Headers: map[string]string{"h": strings.Repeat("v", outbox.MaxHeadersLen)}}, nil); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("huge headers: %v", err)
+	}
+}
+
+func TestTruncateError(t *testing.T) {
+	s := strings.Repeat("é", outbox.MaxErrorLen) // 2 bytes each
+	got := outbox.TruncateError(s)
+	if len(got) > outbox.MaxErrorLen || !strings.HasPrefix(s, got) || strings.ToValidUTF8(got, "?") != got {
+		t.Fatalf("truncated to %d bytes, valid=%v", len(got), strings.ToValidUTF8(got, "?") == got)
+	}
+	if outbox.TruncateError("short") != "short" {
+		t.Fatal("short error changed")
+	}
+}
+
+func TestRelayConfigValidate(t *testing.T) {
+	pub := nopPublisher{}
+	back := nopBackend{}
+	for _, c := range []outbox.Config{
+		{Publisher: pub},
+		{Backend: back},
+		{Backend: back, Publisher: pub, BatchSize: 10001},
+		{Backend: back, Publisher: pub, MaxAttempts: -2},
+		{Backend: back, Publisher: pub, Retention: time.Millisecond},
+		{Backend: back, Publisher: pub, Backoff: outbox.Backoff{Multiplier: 0.1}},
+	} {
+		if err := c.Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	if err := (outbox.Config{Backend: back, Publisher: pub}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHeadersRoundTrip(t *testing.T) {
+	for _, h := range []map[string]string{nil, {}, {"": ""}, {"a": "1", "b\x00": "\xff\xfe", "traceparent": "x"}} {
+		got, err := outbox.DecodeHeaders(outbox.EncodeHeaders(h))
+		if err != nil || len(got) != len(h) || !maps.Equal(got, h) && len(h) > 0 {
+			t.Fatalf("%q: got %q, %v", h, got, err)
+		}
+	}
+	for _, bad := range [][]byte{{0}, {1}, {2, 1, 'a', 0, 1, 'a', 0}, {1, 5, 'a'}, {1, 0, 0, 9}} {
+		if _, err := outbox.DecodeHeaders(bad); err == nil {
+			t.Errorf("DecodeHeaders(%v) accepted", bad)
+		}
+	}
+}
+
+// FuzzHeaders: DecodeHeaders never panics; what it accepts re-encodes to
+// an encoding that decodes to the same headers.
+func FuzzHeaders(f *testing.F) {
+	f.Add(outbox.EncodeHeaders(map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}))
+	f.Add([]byte{1, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := outbox.DecodeHeaders(b)
+		if err != nil {
+			return
+		}
+		again, err := outbox.DecodeHeaders(outbox.EncodeHeaders(h))
+		if err != nil || !maps.Equal(again, h) {
+			t.Fatalf("%q -> %q -> %q, %v", b, h, again, err)
+		}
+	})
+}
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(context.Context, ...*broker.Message) error { return nil }
+func (nopPublisher) Close() error                                      { return nil }
+
+type nopBackend struct{ outbox.Backend }
