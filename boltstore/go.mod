@@ -15,8 +15,11 @@ require (
 replace github.com/idem-dev/idem => ../
 
 require (
+	github.com/idem-dev/idem/outboxtest v0.0.0
 	github.com/idem-dev/idem/storetest v0.0.0
 	go.uber.org/goleak v1.3.0
 )
 
 replace github.com/idem-dev/idem/storetest => ../storetest
+
+replace github.com/idem-dev/idem/outboxtest => ../outboxtest

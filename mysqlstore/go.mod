@@ -13,8 +13,11 @@ replace github.com/idem-dev/idem => ../
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
+	github.com/idem-dev/idem/outboxtest v0.0.0
 	github.com/idem-dev/idem/storetest v0.0.0
 	go.uber.org/goleak v1.3.0
 )
 
 replace github.com/idem-dev/idem/storetest => ../storetest
+
+replace github.com/idem-dev/idem/outboxtest => ../outboxtest

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -171,4 +172,43 @@ func (s Stats) OldestAge() time.Duration {
 // notifications sent meanwhile are lost.
 type Notifier interface {
 	Listen(ctx context.Context, wake func()) error
+}
+
+// Wakers is the Notifier of in-process backends (memoutbox, boltoutbox):
+// Listen keeps wake registered until ctx ends, Wake calls every registered
+// function. Embed it to implement Notifier. The zero value is ready.
+type Wakers struct {
+	mu   sync.Mutex
+	next int
+	m    map[int]func()
+}
+
+// Listen implements Notifier.
+func (w *Wakers) Listen(ctx context.Context, wake func()) error {
+	w.mu.Lock()
+	if w.m == nil {
+		w.m = map[int]func(){}
+	}
+	w.next++
+	id := w.next
+	w.m[id] = wake
+	w.mu.Unlock()
+	<-ctx.Done()
+	w.mu.Lock()
+	delete(w.m, id)
+	w.mu.Unlock()
+	return nil
+}
+
+// Wake calls every registered wake function (outside the lock).
+func (w *Wakers) Wake() {
+	w.mu.Lock()
+	fs := make([]func(), 0, len(w.m))
+	for _, f := range w.m {
+		fs = append(fs, f)
+	}
+	w.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
 }

@@ -78,8 +78,9 @@ type Row struct {
 // idem.ErrUnknownOutcome.
 var (
 	// ErrDuplicateID: a message with this ID is already in the outbox (in
-	// any state). Enqueue fails and, on SQL backends, the caller's
-	// transaction is aborted by the database.
+	// any state). Enqueue fails; PostgreSQL then aborts the caller's
+	// transaction (roll it back), MariaDB and bbolt only drop the call's
+	// messages.
 	ErrDuplicateID = errors.New("outbox: duplicate message id")
 	// ErrBatchEnded: Settle on a batch already settled or released.
 	ErrBatchEnded = errors.New("outbox: batch already ended")

@@ -32,13 +32,13 @@ type Config struct {
 type Outbox struct {
 	cfg Config
 
-	mu      sync.Mutex
-	seq     int64
-	rows    map[int64]*outbox.Row
-	ids     map[string]int64 // committed and in-flight ids
-	held    map[int64]bool   // rows in a batch
-	waiters map[int]func()
-	nextW   int
+	mu   sync.Mutex
+	seq  int64
+	rows map[int64]*outbox.Row
+	ids  map[string]int64 // committed and in-flight ids
+	held map[int64]bool   // rows in a batch
+
+	outbox.Wakers // Listen: woken by commits and Requeue
 }
 
 // New returns an empty outbox.
@@ -46,7 +46,7 @@ func New(cfg Config) *Outbox {
 	if cfg.Clock == nil {
 		cfg.Clock = idem.SystemClock{}
 	}
-	return &Outbox{cfg: cfg, rows: map[int64]*outbox.Row{}, ids: map[string]int64{}, held: map[int64]bool{}, waiters: map[int]func(){}}
+	return &Outbox{cfg: cfg, rows: map[int64]*outbox.Row{}, ids: map[string]int64{}, held: map[int64]bool{}}
 }
 
 var _ outbox.Backend = (*Outbox)(nil)
@@ -120,12 +120,9 @@ func (tx *Tx) Commit() error {
 		o.rows[r.Seq] = &r
 		o.ids[r.ID] = r.Seq
 	}
-	waiters := o.listeners()
 	o.mu.Unlock()
 	if len(tx.rows) > 0 {
-		for _, w := range waiters {
-			w()
-		}
+		o.Wake()
 	}
 	return nil
 }
@@ -360,37 +357,11 @@ func (o *Outbox) Requeue(ctx context.Context, ids []string) (int, error) {
 			n++
 		}
 	}
-	waiters := o.listeners()
 	o.mu.Unlock()
 	if n > 0 {
-		for _, w := range waiters {
-			w()
-		}
+		o.Wake()
 	}
 	return n, nil
-}
-
-// Listen implements outbox.Notifier: wake is called after every commit
-// that enqueued messages and every Requeue.
-func (o *Outbox) Listen(ctx context.Context, wake func()) error {
-	o.mu.Lock()
-	o.nextW++
-	id := o.nextW
-	o.waiters[id] = wake
-	o.mu.Unlock()
-	<-ctx.Done()
-	o.mu.Lock()
-	delete(o.waiters, id)
-	o.mu.Unlock()
-	return nil
-}
-
-func (o *Outbox) listeners() []func() {
-	out := make([]func(), 0, len(o.waiters))
-	for _, w := range o.waiters {
-		out = append(out, w)
-	}
-	return out
 }
 
 func copyRow(r *outbox.Row) outbox.Row {

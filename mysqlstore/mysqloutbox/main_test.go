@@ -1,0 +1,79 @@
+package mysqloutbox_test
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"log"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/idem-dev/idem/mysqlstore/mysqloutbox"
+	"github.com/idem-dev/idem/mysqlstore/mysqltest"
+	"github.com/idem-dev/idem/outbox"
+	"github.com/idem-dev/idem/outboxtest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// The crash tests kill connections; the driver would log each.
+	_ = mysql.SetLogger(log.New(io.Discard, "", 0))
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newOutbox migrates an outbox table in a fresh database.
+func newOutbox(t testing.TB) (*mysqloutbox.Outbox, *sql.DB) {
+	t.Helper()
+	_, db := mysqltest.NewDB(t)
+	cfg := mysqloutbox.Config{DB: db, Table: "outbox", NewID: outboxtest.NewID(), Logger: outboxtest.Quiet()}
+	if err := mysqloutbox.Migrate(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := mysqloutbox.Migrate(ctxT(t), cfg); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+	ob, err := mysqloutbox.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.CheckSchema(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	return ob, db
+}
+
+type myTx struct {
+	ob *mysqloutbox.Outbox
+	tx *sql.Tx
+}
+
+func (t myTx) Enqueue(ctx context.Context, msgs ...outbox.Message) ([]string, error) {
+	return t.ob.Enqueue(ctx, t.tx, msgs...)
+}
+func (t myTx) Commit(context.Context) error   { return t.tx.Commit() }
+func (t myTx) Rollback(context.Context) error { return t.tx.Rollback() }
+
+// TestConformance runs the outbox suite on MariaDB.
+func TestConformance(t *testing.T) {
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Harness {
+		ob, db := newOutbox(t)
+		return outboxtest.Harness{
+			Backend: ob,
+			Begin: func(ctx context.Context) (outboxtest.Tx, error) {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					return nil, err
+				}
+				return myTx{ob, tx}, nil
+			},
+			Crash: mysqloutbox.CrashBatch(db),
+		}
+	}, outboxtest.Features{ConcurrentTx: true})
+}
