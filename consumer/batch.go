@@ -88,6 +88,7 @@ func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold 
 			c.stats.duplicates.Add(int64(1 + len(d.followers)))
 			c.ack(ctx, d, true)
 		default:
+			d.ownClaim = false
 			fresh = append(fresh, pending{d: d, held: a.Held, attempts: a.Result.Attempts})
 		}
 	}

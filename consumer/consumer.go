@@ -96,6 +96,7 @@ type delivery struct {
 	held      atomic.Bool
 	steps     *stepState // step claims kept while the delivery is held (Steps)
 	txFails   int        // in-process retries after failures, tx modes (attempts = Delivery + txFails)
+	ownClaim  bool       // our claim of the key may still be live (its release failed)
 
 	// inflight list links, guarded by shard.mu
 	prev, next *delivery
@@ -307,6 +308,7 @@ func (c *Consumer) handleOne(ctx context.Context, d *delivery) []*hold {
 		return c.claimFailed(ctx, d, err)
 	}
 	c.storeAnswered()
+	d.ownClaim = false
 	if held == nil {
 		c.stats.duplicates.Add(1)
 		c.ack(ctx, d, true)
@@ -427,13 +429,23 @@ func (c *Consumer) handlerFailed(ctx context.Context, d *delivery, held *idem.He
 		// The lease was lost while the handler ran (it was cancelled with
 		// ErrLeaseLost): the new holder decides.
 		return c.claimLost(ctx, d, "claim lost")
-	case rerr != nil:
-		// The key stays in progress until the release goes through (or
-		// its lease ends); keep the message meanwhile.
+	case rerr != nil && idem.IsPermanent(cause):
+		// The store did not record the key as failed; the guard keeps
+		// trying in the background. The decision is made: dead-letter.
 		c.storeDown()
+		return c.deadLetter(ctx, d, fmt.Sprintf("handler failed after %d attempt(s): %v", attempts, herr))
+	case rerr != nil:
+		// The release did not reach the store: the key is freed when its
+		// lease lapses (or the guard marks it failed in the background, if
+		// its own WithMaxAttempts says so). Keep the message and claim it
+		// again; until then an in-progress answer is our own claim, waited
+		// for in process rather than with a nak. (A Held is never settled
+		// twice.)
+		c.storeDown()
+		d.ownClaim = true
 		return []*hold{{
 			ds: []*delivery{d}, reason: HoldStoreUnavailable, err: rerr,
-			retry:  func(ctx context.Context) []*hold { return c.handlerFailed(ctx, d, held, attempts, herr) },
+			retry:  func(ctx context.Context) []*hold { return c.restart(ctx, d) },
 			giveUp: func(ctx context.Context) { c.handBack(ctx, d, "release failed at shutdown") },
 		}}
 	default:
@@ -462,6 +474,10 @@ func (c *Consumer) completed(ctx context.Context, d *delivery, held *idem.Held, 
 		c.stats.duplicates.Add(int64(len(d.followers))) // same key later in the batch
 		c.ack(ctx, d, false)
 		return nil
+	case errors.Is(err, idem.ErrResultTooLarge):
+		// The effect ran; the guard marks the key failed (it never runs
+		// again) because its result cannot be stored: a person looks at it.
+		return c.deadLetter(ctx, d, err.Error())
 	case errors.Is(err, idem.ErrUnrecorded):
 		// The effect is done; acking avoids an immediate re-run. A
 		// redelivery after the lease ends would run it again: logged.
@@ -472,10 +488,6 @@ func (c *Consumer) completed(ctx context.Context, d *delivery, held *idem.Held, 
 		}
 		c.ack(ctx, d, false)
 		return nil
-	case errors.Is(err, idem.ErrResultTooLarge):
-		// The effect ran; the guard marked the key failed (it never runs
-		// again) because its result cannot be stored: a person looks at it.
-		return c.deadLetter(ctx, d, err.Error())
 	case errors.Is(err, idem.ErrFenced), errors.Is(err, idem.ErrNotFound):
 		// Our lease was taken over while the effect ran: the new holder
 		// decides; a redelivery will find its outcome.
@@ -483,8 +495,10 @@ func (c *Consumer) completed(ctx context.Context, d *delivery, held *idem.Held, 
 			"msg_id", d.m.ID, "key", string(d.key), "err", err)
 		return c.claimLost(ctx, d, "claim lost")
 	default:
-		// Unknown outcome: never ack (invariant 5); keep the message and
-		// complete again (Complete is idempotent for our token).
+		// Refused for good (the guard or store closed, an invalid
+		// argument): never ack (invariant 5); keep the message and try
+		// again (the guard handed nothing to the background, so the Held
+		// may be settled again).
 		c.storeDown()
 		return []*hold{{
 			ds: []*delivery{d}, reason: HoldStoreUnavailable, err: err,
@@ -501,6 +515,14 @@ func (c *Consumer) completed(ctx context.Context, d *delivery, held *idem.Held, 
 func (c *Consumer) claimFailed(ctx context.Context, d *delivery, err error) []*hold {
 	var inProg *idem.InProgressError
 	switch {
+	case errors.As(err, &inProg) && d.ownClaim:
+		// Our own earlier claim, whose release did not go through.
+		c.storeAnswered()
+		return []*hold{{
+			ds: []*delivery{d}, reason: HoldStoreUnavailable, err: err, wait: inProg.RetryAfter(time.Now()),
+			retry:  func(ctx context.Context) []*hold { return c.restart(ctx, d) },
+			giveUp: func(ctx context.Context) { c.handBack(ctx, d, "release failed at shutdown") },
+		}}
 	case errors.As(err, &inProg):
 		// Never ack a duplicate of work in progress: it may still fail.
 		c.storeAnswered()

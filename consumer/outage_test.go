@@ -264,3 +264,50 @@ func TestHeldHandedBackAtShutdown(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseFailureHeldNotNaked: the handler fails and the store does not
+// take the release: the message is kept (no nak, which would spend one of
+// the broker's deliveries) and claimed again once our claim's lease has
+// lapsed; a permanent failure whose Fail the store does not take is
+// dead-lettered at once (the guard records the Fail in the background).
+func TestReleaseFailureHeldNotNaked(t *testing.T) {
+	oe := newOutageEnv(t)
+	e := oe.env
+	cfg := oe.config()
+	cfg.DeadLetter = e.b.NewPublisher()
+	var mu sync.Mutex
+	runs := map[string]int{}
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		mu.Lock()
+		runs[m.ID]++
+		n := runs[m.ID]
+		mu.Unlock()
+		switch {
+		case m.ID == "poison":
+			return nil, idem.Permanent(errBoom)
+		case n <= 3: // the first try and its two in-process retries
+			return nil, errBoom
+		}
+		return nil, nil
+	}
+	oe.fs.Inject(faultstore.OpRelease, faultstore.Fault{})
+	oe.fs.Inject(faultstore.OpFail, faultstore.Fault{})
+	c, _ := consumer.New(cfg)
+	stop := run(t, c)
+	e.publish(msg("flaky", "x"), msg("poison", "x"))
+	waitFor(t, "flaky acked, poison terminated", func() bool { return e.log.Acks("flaky") == 1 && e.log.Terms("poison") == 1 })
+	stop()
+	if oe.fs.Calls(faultstore.OpRelease) == 0 || oe.fs.Calls(faultstore.OpFail) == 0 {
+		t.Fatal("the faults hit no release or fail")
+	}
+	if n := e.log.totalNaks(); n != 0 {
+		t.Fatalf("%d naks", n)
+	}
+	rec, err := e.store.Get(context.Background(), []byte("flaky"))
+	if err != nil || rec.State != idem.StateCompleted || rec.Attempts != 2 {
+		t.Fatalf("flaky: record %+v, %v; want completed on its second claim", rec, err)
+	}
+	if dl := e.b.Published("orders.dead-letter"); len(dl) != 1 || dl[0].Headers[consumer.HeaderOriginalID] != "poison" {
+		t.Fatalf("dead letters %v", dl)
+	}
+}
