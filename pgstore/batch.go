@@ -142,14 +142,14 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 			return out, nil
 		}
 		if round >= maxSettle {
-			return nil, s.batchErr(ctx, errSettle, applied)
+			return nil, s.batchErr(ctx, errSettle, applied, inTx)
 		}
 		wrote, err := s.runBatch(ctx, q, reqs, out, send, round == 0)
 		applied = applied || wrote
 		if err != nil {
 			if isNoPartition(err) {
 				if perr := s.recreatePartitions(ctx, refs); perr != nil {
-					return nil, s.batchErr(ctx, perr, applied && !inTx)
+					return nil, s.batchErr(ctx, perr, applied, inTx)
 				}
 				if inTx {
 					return nil, s.partitionRetryErr(err)
@@ -158,7 +158,7 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 			if !inTx && s.retryable(ctx, err) {
 				continue
 			}
-			return nil, s.batchErr(ctx, err, applied)
+			return nil, s.batchErr(ctx, err, applied, inTx)
 		}
 		for _, kq := range send {
 			r := kq.got
@@ -175,7 +175,7 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 			out[i] = idem.BatchResult{Claim: c, Err: err}
 			if errors.Is(err, idem.ErrUnavailable) { // hash collision
 				out[i] = idem.BatchResult{}
-				return nil, s.batchErr(ctx, err, applied)
+				return nil, s.batchErr(ctx, err, applied, inTx)
 			}
 			r.acquired = false // later entries of the key see it as held
 			kq.rec = r
@@ -184,12 +184,12 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 	}
 }
 
-func (s *Store) batchErr(ctx context.Context, err error, applied bool) error {
-	if applied {
+func (s *Store) batchErr(ctx context.Context, err error, applied, inTx bool) error {
+	if applied && !inTx {
 		// Earlier statements took effect: the batch as a whole is unknown.
 		return fmt.Errorf("%w: pgstore: batch partly applied: %w", idem.ErrUnknownOutcome, err)
 	}
-	return s.mapErr(ctx, err, true)
+	return s.mapErr(ctx, err, !inTx)
 }
 
 // span is one statement's share of send: rows of one table, at most
@@ -499,11 +499,11 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 		a := &answers[j]
 		if err := br.QueryRow().Scan(&a.done, &a.state, &a.cur, &a.key); err != nil {
 			_ = br.Close()
-			return nil, s.mapErr(ctx, err, true)
+			return nil, s.mapErr(ctx, err, !inTx)
 		}
 	}
 	if err := br.Close(); err != nil {
-		return nil, s.mapErr(ctx, err, true)
+		return nil, s.mapErr(ctx, err, !inTx)
 	}
 	for j, e := range todo {
 		tok := cs[e.i].Token

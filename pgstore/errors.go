@@ -72,6 +72,11 @@ func (s *Store) retryable(ctx context.Context, err error) bool {
 //     connection detected before sending) -> ErrUnavailable;
 //   - anything else during a write (connection lost or context cancelled
 //     mid-statement) -> ErrUnknownOutcome: read the record before deciding.
+//
+// A statement in a transaction (the caller's, or DoTx's before its COMMIT)
+// is mapped with write false: whatever became of it, the transaction has
+// not committed, and a connection lost under it never will, so nothing is
+// applied (ErrUnavailable).
 func (s *Store) mapErr(ctx context.Context, err error, write bool) error {
 	if err == nil {
 		return nil

@@ -275,10 +275,10 @@ func (s *Store) claim(ctx context.Context, q querier, r keyRef, req idem.ClaimRe
 			}
 		}
 		if attempt+1 >= maxSettle || (inTx && err != errSettle) {
-			return idem.Claim{}, s.mapErr(ctx, err, true)
+			return idem.Claim{}, s.mapErr(ctx, err, !inTx)
 		}
 		if err != errSettle && !s.retryable(ctx, err) {
-			return idem.Claim{}, s.mapErr(ctx, err, true)
+			return idem.Claim{}, s.mapErr(ctx, err, !inTx)
 		}
 	}
 }
@@ -453,7 +453,7 @@ func (s *Store) mutateX(ctx context.Context, q querier, m mutation, r keyRef, to
 			}
 		}
 		if attempt+1 >= maxSettle || (inTx && err != errSettle) || (err != errSettle && !s.retryable(ctx, err)) {
-			return s.mapErr(ctx, err, true)
+			return s.mapErr(ctx, err, !inTx)
 		}
 	}
 }
