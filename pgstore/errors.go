@@ -67,7 +67,8 @@ func (s *Store) retryable(ctx context.Context, err error) bool {
 
 // mapErr maps a driver error onto the idem sentinels, keeping the cause:
 //   - the server answered with an error: the statement was rolled back,
-//     nothing applied -> ErrUnavailable;
+//     nothing applied -> ErrUnavailable (but a write whose session was
+//     ended by a FATAL error -> ErrUnknownOutcome);
 //   - the request never left (pool exhausted, connect refused, closed
 //     connection detected before sending) -> ErrUnavailable;
 //   - anything else during a write (connection lost or context cancelled
@@ -90,6 +91,11 @@ func (s *Store) mapErr(ctx context.Context, err error, write bool) error {
 	var pe *pgconn.PgError
 	var ce *pgconn.ConnectError
 	switch {
+	case errors.As(err, &pe) && write && (pe.Severity == "FATAL" || pe.Severity == "PANIC"):
+		// The session ended instead of answering: a statement whose
+		// implicit commit waited for a synchronous standby has committed
+		// locally when its session is terminated.
+		return fmt.Errorf("%w: pgstore: %w", idem.ErrUnknownOutcome, err)
 	case errors.As(err, &pe):
 		return fmt.Errorf("%w: pgstore: %w", idem.ErrUnavailable, err)
 	case errors.As(err, &ce), pgconn.SafeToRetry(err), !write:

@@ -8,7 +8,6 @@ require (
 	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
@@ -19,6 +18,7 @@ require (
 	github.com/idem-dev/idem/outboxtest v0.0.0
 	github.com/idem-dev/idem/storetest v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/jackc/puddle/v2 v2.2.3
 	go.uber.org/goleak v1.3.0
 )
 
