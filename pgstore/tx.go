@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -139,18 +140,30 @@ func (s *Store) DoTxOptions(ctx context.Context, opts pgx.TxOptions, req idem.Cl
 	if err := s.ensurePartitionsFor(ctx, []keyRef{r}); err != nil {
 		return idem.Claim{}, err
 	}
+	// done maps the last attempt's error: a transient abort that is not
+	// the handler's is the store's ErrUnavailable (rolled back).
+	done := func(c idem.Claim, err error) (idem.Claim, error) {
+		var he *idem.HandlerError
+		if err != nil && IsRetryable(err) && !errors.As(err, &he) {
+			err = s.mapErr(ctx, err, false)
+		}
+		return c, err
+	}
 	for attempt := 0; ; attempt++ {
 		c, err := s.doTxOnce(ctx, opts, r, req, fn)
 		if err == nil || !IsRetryable(err) || attempt >= s.cfg.TxRetries || ctx.Err() != nil {
-			if err != nil && IsRetryable(err) {
-				var he *idem.HandlerError
-				if !errors.As(err, &he) {
-					err = s.mapErr(ctx, err, false) // rolled back: nothing applied
-				}
-			}
-			return c, err
+			return done(c, err)
 		}
 		s.cfg.Logger.Debug("pgstore: DoTx retry after a transient abort", "key", string(req.Key), "attempt", attempt+1, "err", err)
+		// Full jitter, 1ms doubling to 64ms: transactions that conflict
+		// with each other and retry at once tend to conflict again (16
+		// SERIALIZABLE ones on one row starved one of them through 50
+		// immediate retries now and then).
+		select {
+		case <-ctx.Done():
+			return done(c, err)
+		case <-time.After(rand.N(time.Millisecond << min(attempt, 6))):
+		}
 	}
 }
 
