@@ -12,9 +12,9 @@ import (
 
 // TestScriptAndDecoderAgree stores values the record decoder (parseRecord)
 // accepts or refuses under a key and claims it: a value the decoder refuses
-// must be refused by the claim script too (a per-key ErrCorrupt, the value
+// must be refused by the claim script too (a per-key idem.ErrCorrupt, the value
 // left as it was), and a value it accepts must be read as a record (never
-// ErrCorrupt). A script that took over a value the decoder cannot read
+// idem.ErrCorrupt). A script that took over a value the decoder cannot read
 // would rewrite it from fields it misread.
 func TestScriptAndDecoderAgree(t *testing.T) {
 	c, prefix := sharedForInternal(t, "agree")
@@ -51,7 +51,7 @@ func TestScriptAndDecoderAgree(t *testing.T) {
 		_, decErr := parseRecord(key, v)
 		cl, err := s.Claim(ctx, idem.ClaimRequest{Key: key, Lease: time.Minute, TTL: time.Hour})
 		if decErr != nil {
-			if !errors.Is(err, ErrCorrupt) {
+			if !errors.Is(err, idem.ErrCorrupt) {
 				t.Errorf("%q: the decoder refuses it (%v) but the claim returned %v %v", v, decErr, cl.Outcome, err)
 			}
 			if got := c.Get(ctx, rk).Val(); got != v {

@@ -94,7 +94,7 @@ func TestClaimBatchBadRecordMidScript(t *testing.T) {
 				idem.OutcomeCompleted, idem.OutcomeAcquired, idem.OutcomeInProgress}
 			for i, r := range res {
 				if want[i] == 0 {
-					if !errors.Is(r.Err, redisstore.ErrCorrupt) {
+					if !errors.Is(r.Err, idem.ErrCorrupt) {
 						t.Fatalf("entry %d (%s): %v %v, want ErrCorrupt", i, keys[i], r.Claim.Outcome, r.Err)
 					}
 					if errors.Is(r.Err, idem.ErrUnavailable) {
@@ -138,10 +138,10 @@ func TestClaimBatchBadRecordMidScript(t *testing.T) {
 			}
 			// One by one, a bad record is the caller's own error, and Get says so too.
 			for _, k := range []string{"bad-str", "bad-hash"} {
-				if _, err := s.Claim(ctx, claimReq(k)); !errors.Is(err, redisstore.ErrCorrupt) {
+				if _, err := s.Claim(ctx, claimReq(k)); !errors.Is(err, idem.ErrCorrupt) {
 					t.Fatalf("Claim %s: %v, want ErrCorrupt", k, err)
 				}
-				if _, err := s.Get(ctx, []byte(k)); !errors.Is(err, redisstore.ErrCorrupt) {
+				if _, err := s.Get(ctx, []byte(k)); !errors.Is(err, idem.ErrCorrupt) {
 					t.Fatalf("Get %s: %v, want ErrCorrupt", k, err)
 				}
 			}
@@ -180,7 +180,7 @@ func TestCompleteBatchWrongType(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CompleteBatch with a WRONGTYPE entry: %v", err)
 	}
-	if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], redisstore.ErrCorrupt) {
+	if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], idem.ErrCorrupt) {
 		t.Fatalf("errs = %v, want only the WRONGTYPE entry to fail with ErrCorrupt", errs)
 	}
 	for _, k := range []string{"a", "b"} {
@@ -193,7 +193,7 @@ func TestCompleteBatchWrongType(t *testing.T) {
 		func() error { return s.Release(ctx, cs[1].Key, cs[1].Token, "") },
 		func() error { return s.Extend(ctx, cs[1].Key, cs[1].Token, time.Minute) },
 	} {
-		if err := op(); !errors.Is(err, redisstore.ErrCorrupt) {
+		if err := op(); !errors.Is(err, idem.ErrCorrupt) {
 			t.Fatalf("update of a WRONGTYPE record: %v, want ErrCorrupt", err)
 		}
 	}

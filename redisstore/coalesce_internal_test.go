@@ -45,7 +45,7 @@ func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 // TestCoalescedClaimsOneBadRecord: concurrent Claim calls coalesced into
 // one script, two of them on damaged records (a corrupt string and a hash:
-// WRONGTYPE). Only those two callers get an error (ErrCorrupt); every
+// WRONGTYPE). Only those two callers get an error (idem.ErrCorrupt); every
 // other caller acquires its key. Before the fix the shared script failed
 // and every caller got its error (187 of 196 in the audit), while the keys
 // written before the bad one stayed in progress, held by nobody.
@@ -135,8 +135,8 @@ func TestCoalescedClaimsOneBadRecord(t *testing.T) {
 		t.Fatalf("%d of %d good claims failed", failed, len(keys)-2)
 	}
 	for i, o := range outs[:2] {
-		if !errors.Is(o.err, ErrCorrupt) {
-			t.Fatalf("%s: %v %v, want ErrCorrupt", keys[i], o.c.Outcome, o.err)
+		if !errors.Is(o.err, idem.ErrCorrupt) {
+			t.Fatalf("%s: %v %v, want idem.ErrCorrupt", keys[i], o.c.Outcome, o.err)
 		}
 	}
 }

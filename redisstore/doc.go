@@ -34,7 +34,7 @@
 // go-redis never re-sends a script (its retries would run a claim twice),
 // whatever the client's MaxRetries. A key whose value is not a record of
 // this store (bytes it cannot parse, a value of another type) gets
-// ErrCorrupt as its own error: in a batch, or a coalesced Claim, the other
+// idem.ErrCorrupt as its own error: in a batch, or a coalesced Claim, the other
 // keys proceed, and nothing is written to it. The store never reports
 // success it did not get from Redis. Store.ClassifyError
 // (idem.ErrorClassifier) maps the go-redis errors of a handler's own Redis

@@ -195,8 +195,8 @@ func (s *Store) fetch(ctx context.Context, c redis.Cmdable, keys []string) ([]id
 			r, err = parseRecord(uk, v)
 		}
 		if err != nil {
-			// Not a record of ours (ErrCorrupt): not in progress either.
-			// Claims of that key fail with ErrCorrupt until it is deleted.
+			// Not a record of ours (idem.ErrCorrupt): not in progress either.
+			// Claims of that key fail with idem.ErrCorrupt until it is deleted.
 			s.cfg.Logger.Warn("redisstore: list: skipping a value that is not a record", "key", string(trunc(uk)), "err", err)
 			continue
 		}

@@ -5,6 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,26 +116,87 @@ func factoryCfg(base redisstore.Config) storetest.Factory {
 	}
 }
 
-// LeaseUnit 200ms: the machine running the tests is shared and busy, and a
-// round trip that stalls for a whole 100ms unit would fail a timing case.
-var features = storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, LeaseUnit: 200 * time.Millisecond}
+// features of the suite for stores on client. LeaseUnit 200ms: the machine
+// running the tests is shared and busy, and a round trip that stalls for a
+// whole 100ms unit would fail a timing case. CorruptRecord damages a record
+// the way Redis can hold one the store did not write: alternately bytes that
+// are no record and a hash (every string command on it: WRONGTYPE).
+// Maintain is nil (the suite runs Purge, a no-op: Redis expires records
+// itself) unless maintain is given.
+func features(client redis.UniversalClient, maintain func(context.Context, idem.Store) error) storetest.Features {
+	var n atomic.Int64
+	return storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, LeaseUnit: 200 * time.Millisecond,
+		CorruptRecord: func(t testing.TB, st idem.Store, key []byte) {
+			how := "string"
+			if n.Add(1)%2 == 0 {
+				how = "hash"
+			}
+			damage(t, client, st.(*redisstore.Store), string(key), how)
+		},
+		Maintain: maintain,
+	}
+}
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, factory(sharedClient(t)), features)
+	c := sharedClient(t)
+	storetest.Run(t, factory(c), features(c, nil))
 }
 
 // TestConformanceNoCoalesce runs the suite with every Claim in its own
 // script (the default, TestConformance, coalesces concurrent claims into
 // batch scripts, which must still behave one by one).
 func TestConformanceNoCoalesce(t *testing.T) {
-	storetest.Run(t, factoryCfg(redisstore.Config{Client: sharedClient(t), NoCoalesce: true}), features)
+	c := sharedClient(t)
+	storetest.Run(t, factoryCfg(redisstore.Config{Client: c, NoCoalesce: true}), features(c, nil))
 }
 
+// TestConformanceCluster runs the suite on a 3-master cluster of its own.
+// Its maintenance, run while other Store values claim, is what an operator
+// may do to a live cluster (docs/redisstore.md): Purge, SCRIPT FLUSH on
+// every master (the next script call finds NOSCRIPT and sends EVAL: nothing
+// may run twice or fail) and BGREWRITEAOF.
 func TestConformanceCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
-	storetest.Run(t, factory(c), features)
+	var flushes atomic.Int64
+	maintain := func(ctx context.Context, st idem.Store) error {
+		if _, err := st.(idem.Purger).Purge(ctx, 0); err != nil {
+			return err
+		}
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			if err := m.ScriptFlush(ctx).Err(); err != nil {
+				return err
+			}
+			flushes.Add(1)
+			if err := m.BgRewriteAOF(ctx).Err(); err != nil && !strings.Contains(err.Error(), "already in progress") {
+				return err
+			}
+			return nil
+		})
+	}
+	storetest.Run(t, factory(c), features(c, maintain))
+	// The flushes hit claims in flight: scripts were re-sent with EVAL
+	// after NOSCRIPT well beyond the first load on each master.
+	var evals atomic.Int64 // ForEachMaster runs its function on every master at once
+	ctx := context.Background()
+	_ = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		info, err := m.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		for _, l := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_eval:calls="); ok {
+				n, _ := strconv.Atoi(strings.SplitN(v, ",", 2)[0])
+				evals.Add(int64(n))
+			}
+		}
+		return nil
+	})
+	if flushes.Load() == 0 || evals.Load() <= int64(3*len(cl.Nodes)) {
+		t.Fatalf("%d SCRIPT FLUSHes, %d EVALs: the maintenance did not hit claims in flight", flushes.Load(), evals.Load())
+	}
+	t.Logf("%d SCRIPT FLUSHes during the suite, %d scripts re-sent with EVAL", flushes.Load(), evals.Load())
 }
 
 // TestNamespaceMethod checks that Store.Namespace gives an isolated store

@@ -383,14 +383,15 @@ func freshRecord(r idem.ClaimRequest, tok uint64, now int64) idem.Record {
 	}
 }
 
-// corruptErr is the per-key error of a value that is not a record of this
-// store; why is what is wrong with it (a Redis error such as WRONGTYPE, or
-// the part of the record that does not parse).
+// corruptErr is the per-key error (idem.ErrCorrupt) of a value that is not
+// a record of this store: bytes it cannot parse, or a value of another type
+// (WRONGTYPE). Nothing is written to such a key; Delete removes it. why is
+// what is wrong with it (a Redis error, or the part that does not parse).
 func corruptErr(key []byte, why string) error {
 	if why == "" {
-		return fmt.Errorf("%w: key %q", ErrCorrupt, trunc(key))
+		why = "not a record of this store"
 	}
-	return fmt.Errorf("%w: key %q: %s", ErrCorrupt, trunc(key), why)
+	return fmt.Errorf("%w: redisstore: key %q: %s", idem.ErrCorrupt, trunc(key), why)
 }
 
 // parseRecord decodes the record format written by the scripts (see

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -28,14 +27,6 @@ type Store struct {
 	closed  atomic.Bool
 	co      *coalescer // nil with Config.NoCoalesce
 }
-
-// ErrCorrupt is wrapped by the error of a key whose record is not one
-// this store wrote: bytes it cannot parse, or a Redis value of another type
-// (WRONGTYPE). It is that key's own error: in a batch (or a coalesced
-// Claim) the other keys proceed. Nothing is written to such a key; Delete
-// removes it. It is neither idem.ErrUnavailable nor idem.ErrUnknownOutcome:
-// retrying does not help.
-var ErrCorrupt = errors.New("redisstore: corrupt record")
 
 var (
 	_ idem.Store           = (*Store)(nil)
