@@ -82,8 +82,8 @@ func StartServer(t testing.TB, extra ...string) *Server {
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}, extra...)
+	t.Cleanup(s.Stop) // first: a server that starts but never answers is stopped too
 	s.Start()
-	t.Cleanup(s.Stop)
 	return s
 }
 
