@@ -17,6 +17,21 @@
 //   - RunBaseline, RunGuarded, BenchConsume: the two sides of the consume
 //     benchmark (no guard vs the consumer runtime with the guard) and the
 //     timing that reports msgs/s and cpu-µs/msg.
+//   - The fault scenario (faults.go) each adapter's TestEndToEndFaults runs
+//     on the adapter's default settings: StartChild / RunChild / Kill, a
+//     consumer in a child process killed with SIGKILL while it holds
+//     claims (its effects commit with their completions, so a kill leaves
+//     neither: that is what makes a real kill survivable with the effect
+//     in the same database); Outage, a store outage (faultstore) that
+//     starts with messages held at a Gate after their claim and before
+//     their effect, and must meet claims, completions, extends and
+//     releases; Effects, handlers with flaky and poison messages; and
+//     CheckFaultRun: every non-poison message exactly once in the ledger,
+//     every poison message exactly once in the dead-letter destination,
+//     no key in progress past its lease. Each fault is asserted to have hit
+//     in-flight work (claims in progress after the kill, read from the
+//     store; messages held when the store went down; refused calls of
+//     every kind during it).
 //
 // The broker-specific parts stay with each adapter: starting the broker,
 // the fault schedule (rebalance, kill, store outage, orphaned claims) and

@@ -17,3 +17,9 @@ require (
 )
 
 replace github.com/idem-dev/idem => ../
+
+require github.com/idem-dev/idem/pgstore v0.0.0
+
+replace github.com/idem-dev/idem/pgstore => ../pgstore
+
+replace github.com/idem-dev/idem/storetest => ../storetest

@@ -200,3 +200,17 @@ func (l *Ledger) CheckExactlyOnce(ctx context.Context, n int) error {
 	}
 	return nil
 }
+
+// OpenLedger connects to the ledger in schema, made by another process's
+// NewLedger (which drops it); the pool is closed at cleanup.
+func OpenLedger(t testing.TB, schema string) *Ledger {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, PGURL())
+	if err != nil {
+		t.Fatalf("postgres at %s: %v", PGURL(), err)
+	}
+	t.Cleanup(pool.Close)
+	return &Ledger{Pool: pool, Schema: schema, Table: schema + ".ledger", created: time.Now()}
+}

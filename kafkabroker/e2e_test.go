@@ -2,13 +2,11 @@ package kafkabroker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/e2etest"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -35,8 +33,9 @@ func publishWithDuplicates(t testing.TB, c *kfake.Cluster, topic string, from, t
 // IDEM_E2E_MESSAGES=100000 for the full run) plus 20% duplicate publishes;
 // consumer 1 turns 5% of its acks into naks (effect done, ack lost);
 // consumer 2 joins a quarter of the way in (a rebalance moves partitions
-// while consumer 1 holds unsettled work); consumer 1 is killed halfway
-// (no final commit: every ack since its last commit is lost too). The guard
+// while consumer 1 holds unsettled work); consumer 1 leaves at three
+// quarters (another rebalance), all on the adapter's default settings. A
+// member killed with SIGKILL is TestEndToEndFaults. The guard
 // is on the memory store; each effect appends a row to a PostgreSQL ledger
 // with no unique constraint. Every message must be there exactly once and
 // the group's commits must reach the end of every partition.
@@ -68,13 +67,9 @@ func testEndToEnd(t *testing.T, mode e2etest.Mode) {
 		stop  context.CancelFunc
 	}
 	start1 := func(nakEvery int64) *member {
-		cfg := fastSub(c, group, topic)
-		cfg.SessionTimeout = 3 * time.Second
-		cfg.HeartbeatInterval = 300 * time.Millisecond
-		cfg.RebalanceTimeout = 10 * time.Second
-		cfg.CommitInterval = 200 * time.Millisecond
-		cfg.MaxUnsettled = 8000
-		cfg.RevokeDrain = time.Second
+		// The adapter's defaults (session timeout 45s...): the members
+		// here join and leave politely, so nothing waits on them.
+		cfg := SubscriberConfig{Brokers: c.ListenAddrs(), Group: group, Topics: []string{topic}, Logger: quietLog()}
 		sub, err := NewSubscriber(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -104,15 +99,17 @@ func testEndToEnd(t *testing.T, mode e2etest.Mode) {
 	t.Logf("consumer 2 assigned %d partitions at %s", assigned, time.Since(start).Round(time.Millisecond))
 	publishWithDuplicates(t, c, topic, n/2, n, 0.2)
 	ledger.WaitDistinct(t, "three quarters of the messages", 3*n/4)
-	// Kill m1: nothing more settles (what its workers finish is lost with
-	// it), no final commit.
-	m1.chaos.Crash()
+	// m1 leaves: it drains what it fetched, commits and leaves the group
+	// (a rebalance hands its partitions to m2). A member killed with
+	// SIGKILL is TestEndToEndFaults.
 	m1.stop()
-	if err := <-m1.done; err != nil && !errors.Is(err, broker.ErrClosed) && !errors.Is(err, context.Canceled) {
-		t.Fatalf("killed consumer's Run = %v", err)
+	if err := <-m1.done; err != nil {
+		t.Fatalf("stopped consumer's Run = %v", err)
 	}
-	m1.sub.abandon()
-	t.Logf("consumer 1 killed at %s", time.Since(start).Round(time.Millisecond))
+	if err := m1.sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("consumer 1 left at %s", time.Since(start).Round(time.Millisecond))
 
 	ledger.WaitDistinct(t, "every message", n)
 	elapsed := time.Since(consumeStart)

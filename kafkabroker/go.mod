@@ -8,6 +8,7 @@ require (
 )
 
 require (
+	github.com/idem-dev/idem/pgstore v0.0.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -33,3 +34,7 @@ replace github.com/idem-dev/idem/brokertest => ../brokertest
 require github.com/idem-dev/idem/e2etest v0.0.0
 
 replace github.com/idem-dev/idem/e2etest => ../e2etest
+
+replace github.com/idem-dev/idem/pgstore => ../pgstore
+
+replace github.com/idem-dev/idem/storetest => ../storetest

@@ -631,27 +631,6 @@ func (s *Subscriber) Close() error {
 	return nil
 }
 
-// abandon closes like a crashed process would: no final commit, so every
-// settle since the last background commit is lost too. For fault tests.
-func (s *Subscriber) abandon() {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return
-	}
-	s.closed = true
-	close(s.closeCh)
-	if s.pollCancel != nil {
-		s.pollCancel()
-	}
-	s.wakeLocked()
-	s.mu.Unlock()
-	s.fetchMu.Lock()
-	s.fetchMu.Unlock()
-	s.wg.Wait()
-	s.cl.Close()
-}
-
 // due is a nak'd delivery waiting for its delay.
 type due struct {
 	due time.Time

@@ -1,0 +1,494 @@
+package e2etest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/faultstore"
+	"github.com/idem-dev/idem/pgstore"
+	"github.com/jackc/pgx/v5"
+)
+
+// The fault scenario's message classes, by index: poison messages always
+// fail (half of them with idem.Permanent, dead-lettered at once; the others
+// use up MaxAttempts), flaky ones fail on their first attempt in each
+// process and then succeed.
+func Poison(i int) bool          { return i%500 == 13 }
+func PermanentPoison(i int) bool { return i%1000 == 13 }
+func Flaky(i int) bool           { return i%50 == 7 }
+
+// Index is the index of message id (as made by ID).
+func Index(id string) (int, bool) {
+	s, ok := strings.CutPrefix(id, "msg-")
+	if !ok || len(s) != 7 {
+		return 0, false
+	}
+	i, err := strconv.Atoi(s)
+	return i, err == nil
+}
+
+var (
+	errPoison = errors.New("e2etest: poison message")
+	errFlaky  = errors.New("e2etest: flaky handler failure")
+	errGated  = errors.New("e2etest: handler failure during the outage")
+)
+
+// Effects are the fault scenario's handlers. With Store set the effect and
+// the completion of the handler's claim commit in one transaction (kill
+// safe: a process killed between the two leaves neither); without it the
+// effect is an autocommitted INSERT and the runtime completes the claim
+// afterwards (a crash between the two would run the effect twice, which is
+// why the killed process uses Store).
+type Effects struct {
+	Ledger *Ledger
+	Store  *pgstore.Store
+	Gate   *Gate
+	// Delay is how long each effect takes, so claims are in flight when
+	// a fault hits.
+	Delay time.Duration
+
+	tried                  sync.Map // flaky ids that failed once here
+	poisoned, flakes, runs atomic.Int64
+}
+
+// Failures reports how many handler calls failed as poison and as flaky.
+func (e *Effects) Failures() (poison, flaky int64) { return e.poisoned.Load(), e.flakes.Load() }
+
+// fail returns the handler error message m gets on this call, if any.
+func (e *Effects) fail(m *broker.Message) error {
+	i, ok := Index(m.ID)
+	switch {
+	case !ok:
+		return nil
+	case PermanentPoison(i):
+		e.poisoned.Add(1)
+		return idem.Permanent(errPoison)
+	case Poison(i):
+		e.poisoned.Add(1)
+		return errPoison
+	case Flaky(i):
+		if _, again := e.tried.LoadOrStore(m.ID, true); !again {
+			e.flakes.Add(1)
+			return errFlaky
+		}
+	}
+	return nil
+}
+
+func (e *Effects) before(ctx context.Context, n int, m *broker.Message) error {
+	if e.Gate != nil {
+		if err := e.Gate.pass(ctx, n); err != nil {
+			return err
+		}
+	}
+	if e.Delay > 0 {
+		sleepCtx(ctx, e.Delay)
+	}
+	if err := e.fail(m); err != nil {
+		return err
+	}
+	e.runs.Add(1)
+	return nil
+}
+
+// Handler is the single-mode effect.
+func (e *Effects) Handler() consumer.Handler {
+	return func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		if err := e.before(ctx, 1, m); err != nil {
+			return nil, err
+		}
+		if e.Store == nil {
+			return e.Ledger.Insert()(ctx, m)
+		}
+		key, _ := consumer.KeyFromContext(ctx)
+		token, ok := consumer.TokenFromContext(ctx)
+		if !ok {
+			return nil, idem.Permanent(errors.New("e2etest: no fencing token in the handler's context"))
+		}
+		return nil, pgx.BeginFunc(ctx, e.Ledger.Pool, func(tx pgx.Tx) error {
+			if err := e.Ledger.Copy(ctx, tx, []*broker.Message{m}); err != nil {
+				return err
+			}
+			return e.Store.CompleteTx(ctx, tx, key, token, nil)
+		})
+	}
+}
+
+// BatchHandler is the batch-mode effect (autocommitted: Store unused).
+func (e *Effects) BatchHandler() consumer.BatchHandler {
+	return func(ctx context.Context, msgs []*broker.Message) error {
+		if e.Gate != nil {
+			if err := e.Gate.pass(ctx, len(msgs)); err != nil {
+				return err
+			}
+		}
+		if e.Delay > 0 {
+			sleepCtx(ctx, e.Delay)
+		}
+		failed := map[int]error{}
+		var ok []*broker.Message
+		for i, m := range msgs {
+			if err := e.fail(m); err != nil {
+				failed[i] = err
+				continue
+			}
+			ok = append(ok, m)
+		}
+		if err := e.Ledger.InsertBatch()(ctx, ok); err != nil {
+			return err
+		}
+		e.runs.Add(int64(len(ok)))
+		if len(failed) > 0 {
+			return &consumer.PartialError{Failed: failed}
+		}
+		return nil
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// Gate holds handlers at their start while armed, so an outage can begin
+// with work in flight: claims made, effects not yet run. Every other call
+// it held fails once the gate opens, so the outage also meets releases.
+type Gate struct {
+	mu    sync.Mutex
+	armed bool
+	held  int // messages held
+	calls int
+	open  chan struct{}
+}
+
+// Arm makes handlers wait at the gate.
+func (g *Gate) Arm() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed, g.held, g.open = true, 0, make(chan struct{})
+}
+
+// Held is how many messages wait at the gate.
+func (g *Gate) Held() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held
+}
+
+// Open lets the held handlers go on and disarms the gate.
+func (g *Gate) Open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.armed {
+		g.armed = false
+		close(g.open)
+	}
+}
+
+func (g *Gate) pass(ctx context.Context, n int) error {
+	g.mu.Lock()
+	if !g.armed {
+		g.mu.Unlock()
+		return nil
+	}
+	g.held += n
+	g.calls++
+	fail := g.calls%2 == 0
+	open := g.open
+	g.mu.Unlock()
+	select {
+	case <-open:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if fail {
+		return errGated
+	}
+	return nil
+}
+
+// OutageReport is what a store outage hit.
+type OutageReport struct {
+	HeldAtStart int                   // messages claimed, effects not run, when the store went down
+	Calls       map[faultstore.Op]int // store calls made (and refused) while it was down
+	Lasted      time.Duration
+}
+
+func (r OutageReport) String() string {
+	return fmt.Sprintf("%d messages in flight at its start, lasted %s, refused claim %d, batch claim %d, complete %d, complete-batch %d, extend %d, release %d",
+		r.HeldAtStart, r.Lasted.Round(time.Millisecond), r.Calls[faultstore.OpClaim], r.Calls[faultstore.OpBatch], r.Calls[faultstore.OpComplete],
+		r.Calls[faultstore.OpCompleteBatch], r.Calls[faultstore.OpExtend], r.Calls[faultstore.OpRelease])
+}
+
+// Outage arms the gate, waits until at least want messages are held there
+// (claimed, effects not run), takes the store down, opens the gate (the
+// effects run now; their completions, their heartbeats and the releases of
+// those that fail meet the outage) and brings the store back after d. It
+// fails the test unless the outage met claims, completions, extends and
+// releases.
+func Outage(t testing.TB, fs *faultstore.Store, g *Gate, want int, d time.Duration) OutageReport {
+	t.Helper()
+	g.Arm()
+	WaitFor(t, fmt.Sprintf("%d messages held at the gate", want), 2*time.Minute, func() (bool, string) {
+		n := g.Held()
+		return n >= want, fmt.Sprintf("%d held", n)
+	})
+	ops := []faultstore.Op{faultstore.OpClaim, faultstore.OpBatch, faultstore.OpComplete, faultstore.OpCompleteBatch, faultstore.OpExtend, faultstore.OpRelease}
+	before := map[faultstore.Op]int{}
+	for _, op := range ops {
+		before[op] = fs.Calls(op)
+	}
+	fs.SetDown(true)
+	start := time.Now()
+	r := OutageReport{HeldAtStart: g.Held(), Calls: map[faultstore.Op]int{}}
+	g.Open()
+	time.Sleep(d)
+	for _, op := range ops {
+		r.Calls[op] = fs.Calls(op) - before[op]
+	}
+	fs.SetDown(false)
+	r.Lasted = time.Since(start)
+	if r.Calls[faultstore.OpClaim]+r.Calls[faultstore.OpBatch] == 0 || r.Calls[faultstore.OpComplete]+r.Calls[faultstore.OpCompleteBatch] == 0 ||
+		r.Calls[faultstore.OpExtend] == 0 || r.Calls[faultstore.OpRelease] == 0 {
+		t.Errorf("the outage did not hit claims, completions, extends and releases of in-flight work: %s", r)
+	}
+	return r
+}
+
+// Child environment: a consumer process started by StartChild.
+const (
+	envChild  = "IDEM_E2E_CHILD"  // the ledger's schema
+	envParams = "IDEM_E2E_PARAMS" // adapter parameters, as the adapter wrote them
+)
+
+// ChildParams returns the parameters the parent passed to this child
+// process, and false when this process is not a child.
+func ChildParams() (schema, params string, ok bool) {
+	schema = os.Getenv(envChild)
+	return schema, os.Getenv(envParams), schema != ""
+}
+
+// Child is a consumer running in a process of its own, so the test can
+// kill it with SIGKILL: nothing it holds is settled, no client says
+// goodbye.
+type Child struct {
+	cmd  *exec.Cmd
+	out  *strings.Builder
+	done chan error
+}
+
+// StartChild re-runs this test binary with only test (a function that
+// calls RunChild when ChildParams says so), for the ledger l and the
+// adapter's params.
+func StartChild(t testing.TB, test string, l *Ledger, params string) *Child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.timeout=10m")
+	cmd.Env = append(os.Environ(), envChild+"="+l.Schema, envParams+"="+params)
+	c := &Child{cmd: cmd, out: &strings.Builder{}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = c.out, c.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (c *Child) Kill(t testing.TB) {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		c.done <- err
+		t.Fatalf("child exited before the kill: %v\n%s", err, c.out)
+	default:
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := <-c.done
+	c.done <- err
+	if ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child did not die of SIGKILL: %v\n%s", err, c.out)
+	}
+}
+
+// ChildConfig is what the adapter's child test hands RunChild.
+type ChildConfig struct {
+	Subscriber      broker.Subscriber
+	DeadLetter      broker.Publisher
+	DeadLetterTopic string
+}
+
+// RunChild consumes in this (child) process until it is killed: single
+// mode, the guard on pgstore in the parent's ledger schema with its
+// default lease, each effect committed with its claim's completion (kill
+// safe), 16 workers and 20ms per effect so claims are always in flight.
+func RunChild(t *testing.T, cc ChildConfig) {
+	schema, _, _ := ChildParams()
+	l := OpenLedger(t, schema)
+	st := OpenPGStore(t, l)
+	guard := NewGuard(t, st)
+	eff := &Effects{Ledger: l, Store: st, Delay: 20 * time.Millisecond}
+	cfg := FaultConsumerConfig(cc.Subscriber, guard, cc.DeadLetter, cc.DeadLetterTopic)
+	cfg.Handler = eff.Handler()
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t.Fatalf("child consumer returned before it was killed: %v", c.Run(ctx))
+}
+
+// FaultConsumerConfig is the fault scenario's consumer: the runtime's
+// defaults except a one-second store-down delay (so an outage of 25s
+// outlasts the 20 deliveries JetStream allows by default), poison messages
+// to deadLetterTopic through dl, and a quiet logger.
+func FaultConsumerConfig(sub broker.Subscriber, guard *idem.Guard, dl broker.Publisher, deadLetterTopic string) consumer.Config {
+	return consumer.Config{
+		Subscriber:      sub,
+		Guard:           guard,
+		DeadLetter:      dl,
+		DeadLetterTopic: func(*broker.Message) string { return deadLetterTopic },
+		StoreDownDelay:  time.Second,
+		Logger:          Quiet(),
+	}
+}
+
+// OpenPGStore is a pgstore in l's schema (records table idem_records),
+// migrated if needed, closed at cleanup.
+func OpenPGStore(t testing.TB, l *Ledger) *pgstore.Store {
+	t.Helper()
+	cfg := pgstore.Config{Pool: l.Pool, Schema: l.Schema, Table: "idem_records", Logger: Quiet()}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pgstore.Migrate(ctx, cfg); err != nil {
+		t.Fatalf("pgstore migrate: %v", err)
+	}
+	s, err := pgstore.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// InProgress counts the keys in progress in the pgstore of l's schema,
+// and of those the ones whose lease has ended.
+func (l *Ledger) InProgress(t testing.TB) (inProgress, pastLease int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE lease_until < now()) FROM `+l.Schema+`.idem_records WHERE state = $1`,
+		int16(idem.StateInProgress)).Scan(&inProgress, &pastLease); err != nil {
+		t.Fatal(err)
+	}
+	return inProgress, pastLease
+}
+
+// CheckFaultRun fails the test unless the ledger holds every message
+// 0..n-1 that is not poison exactly once with its own payload and no
+// other row, the dead-letter messages dl are exactly the poison messages,
+// once each, and no key in the store is in progress past its lease.
+func (l *Ledger) CheckFaultRun(t testing.TB, n int, dl []*broker.Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, err := l.Pool.Query(ctx, `SELECT msg_id, payload FROM `+l.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	var problems []string
+	wrong, unknown := 0, 0
+	for rows.Next() {
+		var id string
+		var p []byte
+		if err := rows.Scan(&id, &p); err != nil {
+			t.Fatal(err)
+		}
+		count[id]++
+		i, ok := Index(id)
+		switch {
+		case !ok || i >= n:
+			unknown++
+		case string(p) != string(Payload(i)):
+			wrong++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	missing, twice, poisonRun := 0, 0, 0
+	var example string
+	for i := range n {
+		c := count[ID(i)]
+		switch {
+		case Poison(i) && c > 0:
+			poisonRun++
+		case Poison(i):
+		case c == 0:
+			missing++
+		case c > 1:
+			twice++
+			if example == "" {
+				example = fmt.Sprintf("%s x%d", ID(i), c)
+			}
+		}
+	}
+	for what, k := range map[string]int{"ids are missing": missing, "ids are there more than once (e.g. " + example + ")": twice,
+		"poison messages had an effect": poisonRun, "rows carry an id that was never published": unknown, "rows carry another message's payload": wrong} {
+		if k > 0 {
+			problems = append(problems, fmt.Sprintf("%d %s", k, what))
+		}
+	}
+	dead := map[string]int{}
+	for _, m := range dl {
+		dead[m.Headers[consumer.HeaderOriginalID]]++
+	}
+	for i := range n {
+		if c := dead[ID(i)]; Poison(i) && c != 1 {
+			problems = append(problems, fmt.Sprintf("poison message %s dead-lettered %d times", ID(i), c))
+		} else if !Poison(i) && c > 0 {
+			problems = append(problems, fmt.Sprintf("message %s dead-lettered %d times", ID(i), c))
+		}
+	}
+	if in, past := l.InProgress(t); past > 0 {
+		problems = append(problems, fmt.Sprintf("%d keys in progress past their lease (%d in progress)", past, in))
+	}
+	if len(problems) > 0 {
+		t.Fatalf("not exactly once: %s", strings.Join(problems, "; "))
+	}
+}
+
+// Poisons is how many of 0..n-1 are poison.
+func Poisons(n int) int {
+	k := 0
+	for i := range n {
+		if Poison(i) {
+			k++
+		}
+	}
+	return k
+}
