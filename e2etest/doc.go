@@ -24,8 +24,8 @@
 //     neither: that is what makes a real kill survivable with the effect
 //     in the same database); Outage, a store outage (faultstore) that
 //     starts with messages held at a Gate after their claim and before
-//     their effect, and must meet claims, completions, extends and
-//     releases; Effects, handlers with flaky and poison messages; and
+//     their effect, and must refuse settles (completions or releases)
+//     and lease extensions of that work; Effects, handlers with flaky and poison messages; and
 //     CheckFaultRun: every non-poison message exactly once in the ledger,
 //     every poison message exactly once in the dead-letter destination,
 //     no key in progress past its lease. Each fault is asserted to have hit
