@@ -174,6 +174,33 @@ type Notifier interface {
 	Listen(ctx context.Context, wake func()) error
 }
 
+// RequeueFailed re-queues every failed row of b (an operator's "retry all
+// after the fix"), walking ListFailed in pages of page rows, and returns
+// how many it re-queued. Rows failing while it runs may be left for the
+// next call.
+func RequeueFailed(ctx context.Context, b Backend, page int) (int, error) {
+	if page < 1 {
+		return 0, invalid("requeue: page %d < 1", page)
+	}
+	total := 0
+	for after := int64(0); ; {
+		rows, err := b.ListFailed(ctx, after, page)
+		if err != nil || len(rows) == 0 {
+			return total, err
+		}
+		ids := make([]string, len(rows))
+		for i, r := range rows {
+			ids[i] = r.ID
+		}
+		n, err := b.Requeue(ctx, ids)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		after = rows[len(rows)-1].Seq
+	}
+}
+
 // Wakers is the Notifier of in-process backends (memoutbox, boltoutbox):
 // Listen keeps wake registered until ctx ends, Wake calls every registered
 // function. Embed it to implement Notifier. The zero value is ready.

@@ -334,22 +334,8 @@ func (s *suite) testBrokerOutage(t *testing.T) {
 			}
 			rec.SetDown(false)
 			if tc.maxAttempts == 0 {
-				var ids []string
-				for after := int64(0); ; {
-					rows, err := h.Backend.ListFailed(ctxT(t), after, 7)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if len(rows) == 0 {
-						break
-					}
-					for _, r := range rows {
-						ids = append(ids, r.ID)
-					}
-					after = rows[len(rows)-1].Seq
-				}
-				if n, err := h.Backend.Requeue(ctxT(t), ids); err != nil || n != len(all) {
-					t.Fatalf("Requeue = %d, %v; want %d", n, err, len(all))
+				if n, err := outbox.RequeueFailed(ctxT(t), h.Backend, 7); err != nil || n != len(all) {
+					t.Fatalf("RequeueFailed = %d, %v; want %d", n, err, len(all))
 				}
 			}
 			s.waitSent(t, rec, all)

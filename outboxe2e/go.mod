@@ -1,0 +1,53 @@
+module github.com/idem-dev/idem/outboxe2e
+
+go 1.26.0
+
+require (
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/idem-dev/idem v0.0.0
+	github.com/idem-dev/idem/e2etest v0.0.0
+	github.com/idem-dev/idem/kafkabroker v0.0.0
+	github.com/idem-dev/idem/mysqlstore v0.0.0
+	github.com/idem-dev/idem/natsbroker v0.0.0
+	github.com/idem-dev/idem/pgstore v0.0.0
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/nats-io/nats-server/v2 v2.15.3
+	github.com/nats-io/nats.go v1.55.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kadm v1.20.0
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
+	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/minio/highwayhash v1.0.4 // indirect
+	github.com/nats-io/jwt/v2 v2.8.3 // indirect
+	github.com/nats-io/nkeys v0.4.17 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+)
+
+replace (
+	github.com/idem-dev/idem => ../
+	github.com/idem-dev/idem/brokertest => ../brokertest
+	github.com/idem-dev/idem/e2etest => ../e2etest
+	github.com/idem-dev/idem/kafkabroker => ../kafkabroker
+	github.com/idem-dev/idem/mysqlstore => ../mysqlstore
+	github.com/idem-dev/idem/natsbroker => ../natsbroker
+	github.com/idem-dev/idem/outboxtest => ../outboxtest
+	github.com/idem-dev/idem/pgstore => ../pgstore
+	github.com/idem-dev/idem/storetest => ../storetest
+)
