@@ -497,3 +497,21 @@ func Poisons(n int) int {
 	}
 	return k
 }
+
+// ReadN fetches want messages from sub, acking each, and fails the test
+// if they do not all come before ctx ends.
+func ReadN(ctx context.Context, t testing.TB, sub broker.Subscriber, want int) []*broker.Message {
+	t.Helper()
+	var out []*broker.Message
+	for len(out) < want {
+		msgs, err := sub.Fetch(ctx, want-len(out))
+		if err != nil {
+			t.Fatalf("read %d of %d: %v", len(out), want, err)
+		}
+		for _, m := range msgs {
+			_ = m.Acker.Ack(ctx)
+		}
+		out = append(out, msgs...)
+	}
+	return out
+}

@@ -159,16 +159,5 @@ func readTopic(t testing.TB, c interface{ ListenAddrs() []string }, adm *kadm.Cl
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	var out []*broker.Message
-	for len(out) < want {
-		msgs, err := sub.Fetch(ctx, want-len(out))
-		if err != nil {
-			t.Fatalf("read %s: %d of %d: %v", topic, len(out), want, err)
-		}
-		for _, m := range msgs {
-			_ = m.Acker.Ack(ctx)
-		}
-		out = append(out, msgs...)
-	}
-	return out
+	return e2etest.ReadN(ctx, t, sub, want)
 }

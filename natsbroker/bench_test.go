@@ -49,7 +49,7 @@ func BenchmarkConsumeBatchPG(b *testing.B) {
 				g.Store = e2etest.MemStore(b)
 			case "guard-pgstore", "tx-pgstore":
 				// Migrated before the timer starts.
-				pgs := newPGStore(b, ledger)
+				pgs := e2etest.OpenPGStore(b, ledger)
 				g.Store = pgs
 				if variant == "tx-pgstore" {
 					g.Tx = insertBatchTx(ledger, pgs, nil)

@@ -71,7 +71,7 @@ func testEndToEnd(t *testing.T, backend, mode string) {
 	var pgs *pgstore.Store
 	if backend == "pgstore" {
 		// Records durable in PostgreSQL, in the ledger's schema.
-		pgs = newPGStore(t, ledger)
+		pgs = e2etest.OpenPGStore(t, ledger)
 		base = pgs
 	} else {
 		base = e2etest.MemStore(t)
@@ -279,21 +279,4 @@ func insertBatchTx(ledger *e2etest.Ledger, st *pgstore.Store, outage *outageStor
 		}
 		return out, nil
 	}
-}
-
-// newPGStore is a pgstore in the ledger's schema (dropped with it).
-func newPGStore(t testing.TB, ledger *e2etest.Ledger) *pgstore.Store {
-	t.Helper()
-	cfg := pgstore.Config{Pool: ledger.Pool, Schema: ledger.Schema, Table: "idem_records", Logger: e2etest.Quiet()}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := pgstore.Migrate(ctx, cfg); err != nil {
-		t.Fatalf("pgstore migrate: %v", err)
-	}
-	s, err := pgstore.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
