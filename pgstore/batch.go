@@ -173,10 +173,6 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 				continue
 			}
 			out[i] = idem.BatchResult{Claim: c, Err: err}
-			if errors.Is(err, idem.ErrUnavailable) { // hash collision
-				out[i] = idem.BatchResult{}
-				return nil, s.batchErr(ctx, err, applied, inTx)
-			}
 			r.acquired = false // later entries of the key see it as held
 			kq.rec = r
 			kq.pos++
@@ -491,7 +487,7 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 	}
 	b := &pgx.Batch{}
 	for _, e := range todo {
-		b.Queue(s.tables[e.ref.table].mut[mutComplete], s.args(e.ref, int64(cs[e.i].Token), e.res)...)
+		b.Queue(s.tables[e.ref.table].mut[mutComplete], s.args(e.ref, int64(cs[e.i].Token), e.res, e.ref.key)...)
 	}
 	answers := make([]mutAnswer, len(todo))
 	br := q.SendBatch(ctx, b)
@@ -511,7 +507,7 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 			// Our snapshot predates a concurrent change: ask again alone.
 			errs[e.i] = s.mutate(ctx, q, mutComplete, e.ref, tok, e.res, inTx)
 		}
-		if errs[e.i] != nil && !errors.Is(errs[e.i], idem.ErrNotFound) && !errors.Is(errs[e.i], idem.ErrFenced) {
+		if errs[e.i] != nil && !errors.Is(errs[e.i], idem.ErrNotFound) && !errors.Is(errs[e.i], idem.ErrFenced) && !errors.Is(errs[e.i], idem.ErrCorrupt) {
 			return nil, errs[e.i] // the follow-up failed as a whole
 		}
 	}

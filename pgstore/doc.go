@@ -19,13 +19,23 @@
 // Transactional use: ClaimTx/CompleteTx (and ClaimBatchTx/CompleteBatchTx)
 // take the caller's pgx.Tx, and DoTx runs the caller's effect between
 // claim and completion in ONE transaction, retrying serialization failures
-// and resolving a COMMIT whose answer was lost by reading the record.
+// and resolving a COMMIT whose answer was lost from the transaction's id
+// (pg_xact_status) and the record, without the backend PID, so it works
+// behind a pooler.
+//
+// Store.ClassifyError (idem.ErrorClassifier) maps the driver's errors that
+// a DoTx handler or a ClaimTx caller gets onto idem.ErrUnavailable and
+// idem.ErrUnknownOutcome. A damaged record (a value out of range) is
+// idem.ErrCorrupt for its key alone.
 //
 // Layouts (Config.Layout): a single table; N hash shards; a time-ordered
 // index for keys that carry their own time (UUIDv7, ULID, Snowflake), which
 // makes inserts append at the right edge of the index; and declarative time
 // partitions on that key time, whose retention drops whole partitions once
-// every record in them has expired.
+// every record in them has expired. Maintenance (Purge,
+// DropExpiredPartitions) may run beside claims from any number of Store
+// values and processes; a Store value recreates a partition another one
+// dropped.
 //
 // Run Migrate (or cmd/pgstore-migrate) before use. See docs/pgstore.md for
 // the design and docs/benchmarks/pgstore.md for measurements.

@@ -16,6 +16,7 @@ const (
 	codeSerializationFailure = "40001"
 	codeDeadlockDetected     = "40P01"
 	codeDuplicateTable       = "42P07"
+	codeUndefinedTable       = "42P01"
 	codeLockNotAvailable     = "55P03"
 )
 

@@ -1,11 +1,13 @@
 package pgstore_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"hash/fnv"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -96,9 +98,19 @@ func testSchema(t testing.TB, p *pgxpool.Pool) string {
 // several partitions, one of them in the past.
 var testBase = time.Now().UTC().Truncate(24 * time.Hour)
 
+// A key "old-<n>-..." lands n days before today instead: a period of its
+// own, long over, where maintenance drops partitions.
 func testKeyTime(key []byte) (time.Time, error) {
 	h := fnv.New64a()
 	h.Write(key)
+	if rest, ok := bytes.CutPrefix(key, []byte("old-")); ok {
+		if d, _, ok := bytes.Cut(rest, []byte("-")); ok {
+			if n, err := strconv.Atoi(string(d)); err == nil && n > 0 && n < 1000 {
+				off := time.Duration(h.Sum64()%(24*3600*1000)) * time.Millisecond
+				return testBase.AddDate(0, 0, -n).Add(off), nil
+			}
+		}
+	}
 	off := time.Duration(h.Sum64()%(3*24*3600*1000)) * time.Millisecond
 	return testBase.Add(-24*time.Hour + off), nil
 }
@@ -107,6 +119,19 @@ type layoutCase struct {
 	name string
 	cfg  func(c *pgstore.Config)
 }
+
+func (lc layoutCase) config() pgstore.Config {
+	var c pgstore.Config
+	lc.cfg(&c)
+	return c
+}
+
+func (lc layoutCase) timed() bool {
+	l := lc.config().Layout
+	return l == pgstore.LayoutTimeOrdered || l == pgstore.LayoutTimePartitioned
+}
+
+func (lc layoutCase) partitioned() bool { return lc.config().Layout == pgstore.LayoutTimePartitioned }
 
 var layouts = []layoutCase{
 	{"single", func(c *pgstore.Config) {}},

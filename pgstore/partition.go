@@ -184,12 +184,17 @@ WHERE n.nspname = $1 AND p.relname = $2 ORDER BY c.relname`, s.cfg.Schema, s.cfg
 // returns the names dropped. Partitions still holding a record whose
 // ExpiresAt is in the future are kept, and checked again on the next call.
 // Records of every namespace share the partitions, so this is a table-wide
-// operation, not one of this Store's namespace.
+// operation, not one of this Store's namespace. It may run at any time,
+// from any number of Store values and processes, beside claims: see
+// dropPartition for the locking.
 func (s *Store) DropExpiredPartitions(ctx context.Context) ([]string, error) {
 	if s.cfg.Layout != LayoutTimePartitioned {
 		return nil, fmt.Errorf("%w: pgstore: layout %s has no partitions", idem.ErrInvalidArgument, s.cfg.Layout)
 	}
 	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.archiveDetached(ctx); err != nil {
 		return nil, err
 	}
 	names, err := s.Partitions(ctx)
@@ -210,7 +215,7 @@ func (s *Store) DropExpiredPartitions(ctx context.Context) ([]string, error) {
 		if st.Add(s.cfg.Period).After(now) {
 			continue // range not over yet
 		}
-		ok, err := s.dropPartition(ctx, name)
+		ok, err := s.dropPartition(ctx, name, st)
 		if err != nil {
 			return dropped, err
 		}
@@ -222,19 +227,40 @@ func (s *Store) DropExpiredPartitions(ctx context.Context) ([]string, error) {
 			s.cfg.Logger.Info("pgstore: dropped expired partition", "table", s.cfg.Schema+"."+name, "archived", s.cfg.Archive)
 		}
 	}
-	return dropped, nil
+	return dropped, s.archiveDetached(ctx)
 }
 
-func (s *Store) dropPartition(ctx context.Context, name string) (bool, error) {
+// detachedName is the name a partition takes between its detach and its
+// archival (Config.Archive).
+func (s *Store) detachedName(st time.Time) string {
+	return fmt.Sprintf("%s_d%s", s.cfg.Table, st.Format("20060102"))
+}
+
+// dropPartition drops the partition name (starting at st) if it holds no
+// live record, and reports whether it did.
+//
+// Locks are taken in the order claims and reads take them, the parent
+// table first, then the partition (its rows are routed there): ACCESS
+// EXCLUSIVE on the parent, then the check, then the drop, in one short
+// transaction. Nothing can add or extend a record in the partition between
+// the check and the drop. (Locking the partition first and the parent at
+// DROP TABLE, as before, deadlocked with any claim or Get of a key in that
+// partition: each held what the other waited for until deadlock_timeout.)
+// Every statement on the table waits while the lock is held, so the
+// transaction does no more than the check and catalog changes: with
+// Archive, the partition is detached and renamed (<table>_dYYYYMMDD) there,
+// and copied to the history table and dropped afterwards, outside the lock
+// (archiveDetached). lock_timeout (Config.LockTimeout) bounds the wait for
+// the parent's lock, behind which new statements queue: a table busy for
+// longer is skipped, and tried again on the next call.
+func (s *Store) dropPartition(ctx context.Context, name string, st time.Time) (bool, error) {
 	P := ident(s.cfg.Schema, name)
 	dropped := false
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.cfg.LockTimeout.Milliseconds())); err != nil {
 			return err
 		}
-		// Lock first, then check: no claim can add or extend a record in
-		// the partition between the check and the drop.
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+P+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+ident(s.cfg.Schema, s.cfg.Table)+" IN ACCESS EXCLUSIVE MODE"); err != nil {
 			return err
 		}
 		var live bool
@@ -244,25 +270,65 @@ func (s *Store) dropPartition(ctx context.Context, name string) (bool, error) {
 		if live {
 			return nil
 		}
+		stmts := []string{"DROP TABLE " + P}
 		if s.cfg.Archive {
-			if _, err := tx.Exec(ctx, "INSERT INTO "+s.hist+" (ns, key_hash, key_time, "+rowCols+") SELECT ns, key_hash, key_time, "+rowCols+" FROM "+P); err != nil {
-				return err
+			stmts = []string{
+				"ALTER TABLE " + ident(s.cfg.Schema, s.cfg.Table) + " DETACH PARTITION " + P,
+				"ALTER TABLE " + P + " RENAME TO " + ident(s.detachedName(st)),
 			}
 		}
-		if _, err := tx.Exec(ctx, "DROP TABLE "+P); err != nil {
-			return err
+		for _, q := range stmts {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
 		}
 		dropped = true
 		return nil
 	})
 	if err != nil {
 		if c := pgCode(err); c == codeLockNotAvailable || c == codeDeadlockDetected {
-			// A deadlock: a claim of a key in this partition held the
-			// parent's lock and waited for ours on the partition.
 			s.cfg.Logger.Warn("pgstore: partition busy, will retry", "table", s.cfg.Schema+"."+name, "err", err)
 			return false, nil
 		}
 		return false, s.mapErr(ctx, err, true)
 	}
 	return dropped, nil
+}
+
+// archiveDetached copies every detached partition (<table>_dYYYYMMDD: one
+// whose detach committed, by this or another Store value, and whose copy
+// has not) to the history table and drops it, each in one transaction.
+// Nothing else uses a detached partition, so this blocks no claim.
+func (s *Store) archiveDetached(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND c.relname LIKE $2 ORDER BY c.relname`,
+		s.cfg.Schema, strings.ReplaceAll(s.cfg.Table, "_", `\_`)+`\_d%`)
+	if err != nil {
+		return s.mapErr(ctx, err, false)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return s.mapErr(ctx, err, false)
+	}
+	for _, name := range names {
+		if _, err := time.Parse("20060102", strings.TrimPrefix(name, s.cfg.Table+"_d")); err != nil {
+			continue // not ours
+		}
+		D := ident(s.cfg.Schema, name)
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			// Another maintainer may be at it: the second finds it gone.
+			if _, err := tx.Exec(ctx, "LOCK TABLE "+D+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+s.hist+" (ns, key_hash, key_time, "+rowCols+") SELECT ns, key_hash, key_time, "+rowCols+" FROM "+D); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DROP TABLE "+D)
+			return err
+		})
+		if err != nil && pgCode(err) != codeUndefinedTable {
+			return s.mapErr(ctx, fmt.Errorf("archive detached partition %s: %w", name, err), true)
+		}
+	}
+	return nil
 }

@@ -18,16 +18,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// claimPath is one way of claiming a key that inserts a record.
+// claimPath is one way of claiming a key that inserts a record. DoTx
+// completes it in the same transaction; the others leave it in progress.
 type claimPath struct {
 	name  string
-	claim func(ctx context.Context, s *pgstore.Store, cfg pgstore.Config, key []byte) (idem.Claim, error)
+	claim func(ctx context.Context, s *pgstore.Store, cfg pgstore.Config, req idem.ClaimRequest) (idem.Claim, error)
 }
 
 // inTx runs fn in a transaction of cfg.Pool and commits it. A transaction
 // that fails with a retryable error (the server aborted it; pgstore says so
-// with ErrUnavailable) is run again, once: a caller's transaction cannot be
-// repaired from inside, but the next one must succeed.
+// with ErrUnavailable and IsRetryable) is run again, once: a caller's
+// transaction cannot be repaired from inside, but the next one must succeed.
 func inTx(ctx context.Context, cfg pgstore.Config, fn func(tx pgx.Tx) (idem.Claim, error)) (idem.Claim, error) {
 	for attempt := 0; ; attempt++ {
 		tx, err := cfg.Pool.Begin(ctx)
@@ -49,32 +50,30 @@ func inTx(ctx context.Context, cfg pgstore.Config, fn func(tx pgx.Tx) (idem.Clai
 }
 
 var claimPaths = []claimPath{
-	{"Claim", func(ctx context.Context, s *pgstore.Store, _ pgstore.Config, key []byte) (idem.Claim, error) {
-		return s.Claim(ctx, idem.ClaimRequest{Key: key, Lease: time.Minute, TTL: time.Hour})
+	{"Claim", func(ctx context.Context, s *pgstore.Store, _ pgstore.Config, req idem.ClaimRequest) (idem.Claim, error) {
+		return s.Claim(ctx, req)
 	}},
-	{"ClaimBatch", func(ctx context.Context, s *pgstore.Store, _ pgstore.Config, key []byte) (idem.Claim, error) {
-		res, err := s.ClaimBatch(ctx, []idem.ClaimRequest{{Key: key, Lease: time.Minute, TTL: time.Hour}})
+	{"ClaimBatch", func(ctx context.Context, s *pgstore.Store, _ pgstore.Config, req idem.ClaimRequest) (idem.Claim, error) {
+		res, err := s.ClaimBatch(ctx, []idem.ClaimRequest{req})
 		if err != nil {
 			return idem.Claim{}, err
 		}
 		return res[0].Claim, res[0].Err
 	}},
-	{"ClaimTx", func(ctx context.Context, s *pgstore.Store, cfg pgstore.Config, key []byte) (idem.Claim, error) {
-		return inTx(ctx, cfg, func(tx pgx.Tx) (idem.Claim, error) {
-			return s.ClaimTx(ctx, tx, idem.ClaimRequest{Key: key, Lease: time.Minute, TTL: time.Hour})
-		})
+	{"ClaimTx", func(ctx context.Context, s *pgstore.Store, cfg pgstore.Config, req idem.ClaimRequest) (idem.Claim, error) {
+		return inTx(ctx, cfg, func(tx pgx.Tx) (idem.Claim, error) { return s.ClaimTx(ctx, tx, req) })
 	}},
-	{"ClaimBatchTx", func(ctx context.Context, s *pgstore.Store, cfg pgstore.Config, key []byte) (idem.Claim, error) {
+	{"ClaimBatchTx", func(ctx context.Context, s *pgstore.Store, cfg pgstore.Config, req idem.ClaimRequest) (idem.Claim, error) {
 		return inTx(ctx, cfg, func(tx pgx.Tx) (idem.Claim, error) {
-			res, err := s.ClaimBatchTx(ctx, tx, []idem.ClaimRequest{{Key: key, Lease: time.Minute, TTL: time.Hour}})
+			res, err := s.ClaimBatchTx(ctx, tx, []idem.ClaimRequest{req})
 			if err != nil {
 				return idem.Claim{}, err
 			}
 			return res[0].Claim, res[0].Err
 		})
 	}},
-	{"DoTx", func(ctx context.Context, s *pgstore.Store, _ pgstore.Config, key []byte) (idem.Claim, error) {
-		return s.DoTx(ctx, idem.ClaimRequest{Key: key, Lease: time.Minute, TTL: time.Hour}, func(context.Context, pgx.Tx, idem.Claim) ([]byte, error) {
+	{"DoTx", func(ctx context.Context, s *pgstore.Store, _ pgstore.Config, req idem.ClaimRequest) (idem.Claim, error) {
+		return s.DoTx(ctx, req, func(context.Context, pgx.Tx, idem.Claim) ([]byte, error) {
 			return []byte("done"), nil
 		})
 	}},
@@ -161,7 +160,7 @@ func testPartitionDropped(t *testing.T, cfg pgstore.Config, drop func(context.Co
 		t.Run(p.name, func(t *testing.T) {
 			k := uuid7(oldDay(10+i).Add(2*time.Hour), 1)
 			claimer := claimers[i]
-			c, err := p.claim(ctx, claimer, cfg, k)
+			c, err := p.claim(ctx, claimer, cfg, idem.ClaimRequest{Key: k, Lease: time.Minute, TTL: time.Hour})
 			if err != nil || c.Outcome != idem.OutcomeAcquired {
 				t.Fatalf("claim of an absent key whose partition was dropped elsewhere: %s, %v; want acquired", c.Outcome, err)
 			}
@@ -214,6 +213,8 @@ func TestChildProcess(t *testing.T) {
 		for _, name := range dropped {
 			fmt.Printf("DROPPED %s\n", name)
 		}
+	case "maintain":
+		childMaintain(t, s)
 	default:
 		t.Fatalf("unknown child op %q", op)
 	}

@@ -206,6 +206,18 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 	if v != SchemaVersion {
 		return fmt.Errorf("%w: pgstore: %s.%s is at schema version %d, want %d (run Migrate or pgstore-migrate)", idem.ErrUnavailable, s.cfg.Schema, s.cfg.Table, v, SchemaVersion)
 	}
+	// A commit the server acknowledged before its WAL was flushed can be
+	// lost in a crash: a claim or completion lost so lets an effect run
+	// twice. Say so (this session's settings; the pool's others share them
+	// unless set per connection).
+	var syncCommit, fsync string
+	if err := s.pool.QueryRow(ctx, "SELECT current_setting('synchronous_commit'), current_setting('fsync')").Scan(&syncCommit, &fsync); err != nil {
+		return s.mapErr(ctx, err, false)
+	}
+	if syncCommit == "off" || fsync == "off" {
+		s.cfg.Logger.Warn("pgstore: commits are not durable: a crash can lose acknowledged claims and completions, and an effect then runs twice (see docs/pgstore.md, Durability)",
+			"synchronous_commit", syncCommit, "fsync", fsync)
+	}
 	return nil
 }
 

@@ -27,7 +27,8 @@ type querier interface {
 }
 
 // Store is a PostgreSQL idem.Store. It implements idem.BatchClaimer,
-// idem.BatchCompleter, idem.Purger, idem.Lister, idem.Stater and idem.Pinger.
+// idem.BatchCompleter, idem.Purger, idem.Lister, idem.Stater, idem.Pinger
+// and idem.ErrorClassifier.
 type Store struct {
 	orig   Config
 	cfg    Config
@@ -201,11 +202,29 @@ func (r row) record() idem.Record {
 // concurrent writer committed in between): run the claim again.
 var errSettle = errors.New("pgstore: claim raced, retry")
 
+// checkRecord reports a record that this version of pgstore cannot read
+// as one of key: idem.ErrCorrupt, an error of that key alone. Every column
+// has a SQL type, so what can be wrong is a value out of range: a state no
+// version wrote (or a newer version's), a token that was never issued, or
+// a raw key other than the one whose hash the row is filed under (damage,
+// or a 128-bit SHA-256 prefix collision, which is not expected to occur).
+func checkRecord(key, gotKey []byte, state int16, token int64) error {
+	switch {
+	case !bytes.Equal(gotKey, key):
+		return fmt.Errorf("%w: pgstore: key %q: the record filed under its hash holds key %q", idem.ErrCorrupt, key, gotKey)
+	case state < stInProgress || state > stReleased:
+		return fmt.Errorf("%w: pgstore: key %q: state %d is unknown to this version", idem.ErrCorrupt, key, state)
+	case token <= 0:
+		return fmt.Errorf("%w: pgstore: key %q: token %d was never issued", idem.ErrCorrupt, key, token)
+	}
+	return nil
+}
+
 // classify turns a claim statement's row into the claim outcome, following
 // the idem.Store rules in the same order as the SQL takeover condition.
 func classify(r row, req idem.ClaimRequest) (idem.Claim, error) {
-	if !bytes.Equal(r.key, req.Key) {
-		return idem.Claim{}, fmt.Errorf("%w: pgstore: key hash collision between %q and %q", idem.ErrUnavailable, r.key, req.Key)
+	if err := checkRecord(req.Key, r.key, r.state, r.token); err != nil {
+		return idem.Claim{}, err
 	}
 	if r.acquired {
 		return idem.Claim{Outcome: idem.OutcomeAcquired, Record: r.record()}, nil
@@ -309,8 +328,8 @@ func (s *Store) get(ctx context.Context, q querier, r keyRef) (idem.Record, erro
 	if err != nil {
 		return idem.Record{}, s.mapErr(ctx, err, false)
 	}
-	if !bytes.Equal(row.key, r.key) {
-		return idem.Record{}, fmt.Errorf("%w: key %q (hash collision with %q)", idem.ErrNotFound, r.key, row.key)
+	if err := checkRecord(r.key, row.key, row.state, row.token); err != nil {
+		return idem.Record{}, err
 	}
 	return row.record(), nil
 }
@@ -407,14 +426,19 @@ type mutAnswer struct {
 }
 
 // judge turns a mutation's answer into its result: nil (applied, or a
-// repeat with the same token), ErrNotFound, ErrFenced, or errSettle (our
-// snapshot predates a concurrent change: ask again).
+// repeat with the same token), ErrNotFound, ErrFenced, ErrCorrupt, or
+// errSettle (our snapshot predates a concurrent change: ask again).
 func (a *mutAnswer) judge(m mutation, r keyRef, token uint64) error {
 	switch {
 	case a.done:
 		return nil
-	case a.state == nil || !bytes.Equal(a.key, r.key):
+	case a.state == nil:
 		return fmt.Errorf("%w: key %q", idem.ErrNotFound, r.key)
+	}
+	if err := checkRecord(r.key, a.key, *a.state, *a.cur); err != nil {
+		return err
+	}
+	switch {
 	case uint64(*a.cur) == token && *a.state == repeatState[m]:
 		return nil
 	case uint64(*a.cur) == token && *a.state == stInProgress:
@@ -435,7 +459,7 @@ func (s *Store) mutate(ctx context.Context, q querier, m mutation, r keyRef, tok
 // statement (see resolveCommit).
 func (s *Store) mutateX(ctx context.Context, q querier, m mutation, r keyRef, token uint64, arg any, inTx bool, xid *string) error {
 	t := &s.tables[r.table]
-	sql, args := t.mut[m], s.args(r, int64(token), arg)
+	sql, args := t.mut[m], s.args(r, int64(token), arg, r.key)
 	var a mutAnswer
 	dst := []any{&a.done, &a.state, &a.cur, &a.key}
 	if xid != nil {
@@ -480,7 +504,7 @@ type tableSQL struct {
 	del   string
 	mut   [4]string
 	// completeX is mut[mutComplete] for DoTx: it also returns the
-	// transaction id and sets idle_in_transaction_session_timeout ($n+3 ms)
+	// transaction id and sets idle_in_transaction_session_timeout ($n+4 ms)
 	// for the rest of the transaction.
 	completeX string
 	purge     string
@@ -617,6 +641,8 @@ RETURNING r.token, r.created_at`
 
 	// Mutations: a token-checked UPDATE plus, in the same statement, the
 	// current state for telling "not found" from "fenced" from a repeat.
+	// The raw key ($n+3) is checked too: a row whose key column differs is
+	// damaged, and is reported (checkRecord), never changed.
 	mutSet := [4]string{
 		mutComplete: `state = 2, result = ` + p(2) + `::bytea, updated_at = ` + now + `, expires_at = ` + now + ` + r.ttl_us` + us,
 		mutRelease:  `state = 4, last_error = CASE WHEN ` + p(2) + `::text = '' THEN r.last_error ELSE ` + p(2) + `::text END, updated_at = ` + now,
@@ -625,7 +651,7 @@ RETURNING r.token, r.created_at`
 	}
 	mutSQL := func(set, more string) string {
 		return `WITH upd AS (UPDATE ` + T + ` r SET ` + set + `
-WHERE ` + kcond("r") + ` AND r.token = ` + p(1) + `::bigint AND r.state = 1 AND r.expires_at > ` + now + ` RETURNING 1)
+WHERE ` + kcond("r") + ` AND r.token = ` + p(1) + `::bigint AND r.key = ` + p(3) + ` AND r.state = 1 AND r.expires_at > ` + now + ` RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM upd), c.state, c.token, c.key` + more + ` FROM (SELECT 1) AS one
 LEFT JOIN ` + T + ` c ON ` + kcond("c") + ` AND c.expires_at > ` + now
 	}
@@ -633,7 +659,7 @@ LEFT JOIN ` + T + ` c ON ` + kcond("c") + ` AND c.expires_at > ` + now
 		s.mut[m] = mutSQL(set, "")
 	}
 	// (SELECT 1) AS one makes exactly one row, so set_config runs once.
-	s.completeX = mutSQL(mutSet[mutComplete], `, pg_current_xact_id()::text, set_config('idle_in_transaction_session_timeout', `+p(3)+`::text, true)`)
+	s.completeX = mutSQL(mutSet[mutComplete], `, pg_current_xact_id()::text, set_config('idle_in_transaction_session_timeout', `+p(4)+`::text, true)`)
 
 	hcols := "ns, key_hash, key_time, " + rowCols
 	dcols := "d.ns, d.key_hash, NULL::timestamptz, " + prefixCols("d", rowCols)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -354,6 +355,40 @@ func TestPurgeArchive(t *testing.T) {
 			}
 			if _, err := s.Get(ctx, []byte("keep")); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestCheckSchemaWarnsWithoutDurableCommits: with synchronous_commit off a
+// crash can lose acknowledged claims; CheckSchema says so in the log, and
+// stays quiet on the default.
+func TestCheckSchemaWarnsWithoutDurableCommits(t *testing.T) {
+	base := sharedPool(t)
+	schema := testSchema(t, base)
+	for _, tc := range []struct {
+		setting string
+		warn    bool
+	}{{"on", false}, {"off", true}} {
+		t.Run("synchronous_commit="+tc.setting, func(t *testing.T) {
+			pc, err := pgxpool.ParseConfig(dsn())
+			if err != nil {
+				t.Fatal(err)
+			}
+			pc.ConnConfig.RuntimeParams["synchronous_commit"] = tc.setting
+			pc.MaxConns = 2
+			p, err := pgxpool.NewWithConfig(ctxT(t), pc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			var logs syncBuffer
+			s, _ := openStore(t, pgstore.Config{Pool: p, Schema: schema, Table: "dur", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err := s.CheckSchema(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(logs.String(), "not durable"); got != tc.warn {
+				t.Fatalf("warning logged: %v, want %v:\n%s", got, tc.warn, logs.String())
 			}
 		})
 	}
