@@ -16,12 +16,9 @@ import (
 )
 
 // internalPool is a pool on the test server, closed when t ends.
-func internalPool(t *testing.T) *pgxpool.Pool {
+func internalPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	dsn := os.Getenv("PGSTORE_DSN")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	dsn := testDSN()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -35,8 +32,16 @@ func internalPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// testDSN is the test server: PGSTORE_DSN or the local PostgreSQL.
+func testDSN() string {
+	if d := os.Getenv("PGSTORE_DSN"); d != "" {
+		return d
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
 // internalSchema names a fresh schema, dropped when t ends.
-func internalSchema(t *testing.T, pool *pgxpool.Pool) string {
+func internalSchema(t testing.TB, pool *pgxpool.Pool) string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema := "pgstore_ti_" + hex.EncodeToString(b[:])
