@@ -275,6 +275,8 @@ func (s *Store) judgeChunk(ctx context.Context, chunk []*completion) error {
 		switch {
 		case !ok || !bytes.Equal(r.k, c.key):
 			c.err = fmt.Errorf("%w: key %q", idem.ErrNotFound, truncKey(c.key))
+		case checkStored(c.key, r.state, r.token) != nil:
+			c.err = checkStored(c.key, r.state, r.token)
 		case r.token == c.token && r.state == stInProgress:
 			// Not expected (the UPDATE would have matched it); settle this
 			// entry alone rather than guess.

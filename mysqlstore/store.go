@@ -144,6 +144,18 @@ const recCols = "k, state, token, nonce, fp, result, attempts, last_error, lease
 type row struct {
 	rec   idem.Record
 	nonce uint64
+	bad   error // the stored values are not a record (idem.ErrCorrupt)
+}
+
+// checkStored reports a stored state or token no operation of the store
+// writes (a row damaged by hand, by a bug, by a restore of another
+// version) as idem.ErrCorrupt naming the key: an error of that key alone,
+// never a record served or taken over.
+func checkStored(key []byte, state int, token uint64) error {
+	if state < stInProgress || state > stReleased || token == 0 {
+		return fmt.Errorf("%w: mysqlstore: key %q has state %d, token %d", idem.ErrCorrupt, truncKey(key), state, token)
+	}
+	return nil
 }
 
 type scanner interface{ Scan(dest ...any) error }
@@ -161,6 +173,7 @@ func scanRow(sc scanner, extra ...any) (row, error) {
 		return row{}, err
 	}
 	r.rec.State = idem.State(state)
+	r.bad = checkStored(r.rec.Key, state, r.rec.Token)
 	if len(result) > 0 {
 		r.rec.Result = result
 	}
@@ -382,7 +395,7 @@ func (s *Store) execClaims(ctx context.Context, q querier, table string, items [
 			return errCollision
 		}
 		it.got, it.ok = r, true
-		it.acquired = r.nonce == it.nonce && r.rec.State == idem.StateInProgress
+		it.acquired = r.bad == nil && r.nonce == it.nonce && r.rec.State == idem.StateInProgress
 	}
 	if err := rows.Err(); err != nil {
 		return err
@@ -482,6 +495,9 @@ func fpConflict(stored, req []byte) bool {
 // outcome turns a returned row into the claim result for req.
 func outcome(r row, acquired bool, req idem.ClaimRequest) (idem.Claim, error) {
 	rec := r.rec
+	if r.bad != nil {
+		return idem.Claim{}, r.bad
+	}
 	if acquired {
 		return idem.Claim{Outcome: idem.OutcomeAcquired, Record: rec}, nil
 	}
@@ -814,6 +830,9 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 		if err != nil {
 			return mapErr(err, false)
 		}
+		if err := checkStored(key, st, cur); err != nil {
+			return err
+		}
 		if cur != token || idem.State(st) != idem.StateInProgress {
 			return op.verdict(key, token, idem.State(st), cur)
 		}
@@ -963,6 +982,9 @@ func (s *Store) get(ctx context.Context, q querier, key []byte, l loc, suffix st
 	}
 	if !bytes.Equal(r.rec.Key, key) {
 		return idem.Record{}, errCollision
+	}
+	if r.bad != nil {
+		return idem.Record{}, r.bad
 	}
 	return r.rec, nil
 }
