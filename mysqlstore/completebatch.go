@@ -179,7 +179,7 @@ func (s *Store) completeSQL(chunk []*completion) string {
 	}
 	sb.WriteString(") AS v STRAIGHT_JOIN ")
 	sb.WriteString(chunk[0].l.table)
-	sb.WriteString(" ON ")
+	sb.WriteString(forcePK + " ON ")
 	if timed {
 		sb.WriteString("key_time = v.bkt AND ")
 	}
