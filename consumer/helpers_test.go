@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,43 +14,13 @@ import (
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/broker/membroker"
 	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/internal/leakcheck"
 	"github.com/idem-dev/idem/memstore"
 )
 
 // TestMain checks for leaked goroutines (the core module takes no
-// third-party code, so no goleak): after the tests, the count must fall
-// back to what it was before.
-func TestMain(m *testing.M) {
-	before, _ := goroutines()
-	code := m.Run()
-	if code == 0 {
-		deadline := time.Now().Add(5 * time.Second)
-		n, stacks := goroutines()
-		for n > before && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-			n, stacks = goroutines()
-		}
-		if n > before {
-			fmt.Fprintf(os.Stderr, "leaked goroutines: %d before, %d after\n%s\n", before, n, stacks)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// goroutines counts goroutines other than the runtime's and the testing
-// framework's own (signal handling in fuzz mode).
-func goroutines() (int, string) {
-	buf := make([]byte, 1<<20)
-	stacks := string(buf[:runtime.Stack(buf, true)])
-	n := 0
-	for _, g := range strings.Split(stacks, "\n\n") {
-		if !strings.Contains(g, "os/signal.") {
-			n++
-		}
-	}
-	return n, stacks
-}
+// third-party code, so internal/leakcheck instead of goleak).
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 // settleLog records how each delivery was settled.
 type settleLog struct {

@@ -75,6 +75,9 @@ func Steps(g *idem.Guard, steps ...Step) (Handler, error) {
 // runStep runs one step under its own claim: a claim kept from an earlier
 // try of this delivery, or a new one.
 func runStep(ctx context.Context, g *idem.Guard, d *delivery, key []byte, s Step, m *broker.Message, results map[string][]byte) ([]byte, error) {
+	if val, ok := d.steps.ran(s.Name); ok {
+		return val, nil // ran in an earlier try of this delivery; its record is being written
+	}
 	h := d.steps.take(s.Name)
 	if h == nil {
 		var res idem.Result
@@ -109,11 +112,16 @@ func runStep(ctx context.Context, g *idem.Guard, d *delivery, key []byte, s Step
 		return nil, err // keeps Permanent marks
 	}
 	if err := h.Complete(ctx, val); err != nil {
-		// ErrUnrecorded: the step ran; the guard keeps recording it in the
-		// background, and a retry finds the key in progress (transient)
-		// until then. ErrResultTooLarge: the key is failed for good.
-		if errors.Is(err, idem.ErrResultTooLarge) {
-			return nil, idem.Permanent(err)
+		switch {
+		case errors.Is(err, idem.ErrResultTooLarge):
+			return nil, idem.Permanent(err) // the key is failed for good
+		case errors.Is(err, idem.ErrUnrecorded):
+			// The step ran; the guard keeps recording it in the background.
+			// Go on, and remember it for later tries of this delivery: its
+			// lease may lapse before the record is written, and claiming
+			// the key again then would run the step twice.
+			d.stepRan(s.Name, val)
+			return val, nil
 		}
 		return nil, err
 	}
@@ -134,10 +142,21 @@ func runUnder(ctx context.Context, h *idem.Held, d *delivery, fn func(context.Co
 	return fn(hctx)
 }
 
-// stepState keeps the claims of steps whose error was transient, for the
-// next try of the same delivery.
+// stepState keeps, for the next try of the same delivery, the claims of
+// steps whose error was transient and the results of steps that ran but
+// whose completion is still being recorded.
 type stepState struct {
 	held map[string]*idem.Held
+	done map[string][]byte
+}
+
+// ran returns the result of step name if it ran in an earlier try.
+func (s *stepState) ran(name string) ([]byte, bool) {
+	if s == nil {
+		return nil, false
+	}
+	v, ok := s.done[name]
+	return v, ok
 }
 
 // take returns the kept claim of step name, if it is still held.
@@ -166,9 +185,22 @@ func (s *stepState) releaseAll(ctx context.Context, cause error) {
 
 func (d *delivery) keepStep(name string, h *idem.Held) {
 	if d.steps == nil {
-		d.steps = &stepState{held: map[string]*idem.Held{}}
+		d.steps = &stepState{}
+	}
+	if d.steps.held == nil {
+		d.steps.held = map[string]*idem.Held{}
 	}
 	d.steps.held[name] = h
+}
+
+func (d *delivery) stepRan(name string, val []byte) {
+	if d.steps == nil {
+		d.steps = &stepState{}
+	}
+	if d.steps.done == nil {
+		d.steps.done = map[string][]byte{}
+	}
+	d.steps.done[name] = val
 }
 
 // classify and transient for code that has the delivery but not the

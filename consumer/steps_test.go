@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/faultstore"
 )
 
 // TestStepsResume: step "charge" fails on the first delivery; the retry
@@ -71,5 +72,45 @@ func TestStepsValidation(t *testing.T) {
 	}
 	if _, err := consumer.Steps(nil, consumer.Step{Name: "a", Run: run}); err == nil {
 		t.Fatal("accepted a nil guard")
+	}
+}
+
+// TestStepUnrecordedNotRunAgain: a step ran but the store did not record
+// its completion (the guard goes on in the background), and the store
+// cannot extend its lease either. The flow must go on from the step's
+// result: claiming the step's key again once its lease has lapsed would
+// run the step twice.
+func TestStepUnrecordedNotRunAgain(t *testing.T) {
+	oe := newOutageEnv(t)
+	e := oe.env
+	cfg := oe.config()
+	var mu sync.Mutex
+	runs := map[string]int{}
+	step := func(name string) consumer.Step {
+		return consumer.Step{Name: name, Run: func(ctx context.Context, m *broker.Message, _ map[string][]byte) ([]byte, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			runs[name]++
+			return []byte(name), nil
+		}}
+	}
+	h, err := consumer.Steps(e.guard, step("one"), step("two"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Handler = h
+	oe.fs.Inject(faultstore.OpComplete, faultstore.Fault{})
+	oe.fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+	c, _ := consumer.New(cfg)
+	stop := run(t, c)
+	e.publish(msg("a", "x"))
+	twice := func() bool { mu.Lock(); defer mu.Unlock(); return runs["one"] > 1 || runs["two"] > 1 }
+	waitFor(t, "a acked (or a step run twice)", func() bool { return e.log.Acks("a") == 1 || twice() })
+	oe.fs.Clear()
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["one"] != 1 || runs["two"] != 1 {
+		t.Fatalf("step runs %v, want each once", runs)
 	}
 }
