@@ -2,7 +2,9 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -56,4 +58,52 @@ func ExampleJSONBusinessKey() {
 	k, _ := key(&broker.Message{Payload: []byte(`{"order_id":"o-42","type":"refund","ts":1}`)})
 	fmt.Println(string(k))
 	// Output: refund:o-42
+}
+
+// A batch handler writes each effect conditionally on its message's
+// fencing token, so a worker whose claim was taken over cannot apply a
+// stale effect; Hooks count what the consumer did.
+func ExampleMessageToken() {
+	b, _ := membroker.New(membroker.Config{})
+	store, _ := memstore.New(memstore.Config{})
+	defer store.Close()
+	guard, _ := idem.NewGuard(store)
+	defer guard.Close()
+	_ = b.NewPublisher().Publish(context.Background(),
+		&broker.Message{ID: "a", Topic: "orders"}, &broker.Message{ID: "b", Topic: "orders"})
+
+	var mu sync.Mutex
+	fenced := map[string]uint64{} // the effect's table: highest token applied per message
+	acks := 0
+	c, _ := consumer.New(consumer.Config{
+		Subscriber: b.NewSubscriber("orders", "billing"),
+		Guard:      guard,
+		Workers:    1,
+		Batch:      consumer.BatchConfig{Wait: 10 * time.Millisecond},
+		BatchHandler: func(ctx context.Context, ms []*broker.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range ms {
+				tok, ok := consumer.MessageToken(ctx, m)
+				if !ok || tok <= fenced[m.ID] {
+					return errors.New("stale claim") // UPDATE ... WHERE token < $tok found no row
+				}
+				fenced[m.ID] = tok
+			}
+			return nil
+		},
+		Hooks: consumer.Hooks{OnAck: func(context.Context, consumer.AckEvent) { mu.Lock(); acks++; mu.Unlock() }},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	for c.Stats().Handled < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Println("effects:", len(fenced), "acks:", acks)
+	// Output: effects: 2 acks: 2
 }
