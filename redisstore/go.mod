@@ -20,3 +20,7 @@ require (
 )
 
 replace github.com/idem-dev/idem/storetest => ../storetest
+
+require github.com/idem-dev/idem/internal/redisx v0.0.0
+
+replace github.com/idem-dev/idem/internal/redisx => ../internal/redisx

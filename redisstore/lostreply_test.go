@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redisx/redistest"
 	"github.com/idem-dev/idem/redisstore"
-	"github.com/idem-dev/idem/redisstore/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/redisstore/internal/script"
+	"github.com/idem-dev/idem/internal/redisx/script"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,7 +26,7 @@ type call struct {
 // ClusterClient splits it by node and keeps the order per node). Scripts
 // missing from a node's cache (NOSCRIPT: restart, SCRIPT FLUSH; such a
 // script did not run) are re-sent with EVAL in a second round trip, in
-// order. go-redis never re-sends a script (package internal/script): a
+// order. go-redis never re-sends a script (package internal/redisx/script): a
 // lost reply is an error, mapped onto idem.ErrUnknownOutcome. With
 // WaitReplicas, a WAIT follows the scripts on the same connection; on a
 // cluster that means one pipeline per master, run in parallel.

@@ -1,6 +1,6 @@
 package redisstore
 
-import "github.com/idem-dev/idem/redisstore/internal/script"
+import "github.com/idem-dev/idem/internal/redisx/script"
 
 // A record is one string key (see docs/redisstore.md for why not a hash):
 //

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/redisstore/internal/rediserr"
+	"github.com/idem-dev/idem/internal/redisx/rediserr"
 	"github.com/redis/go-redis/v9"
 )
 

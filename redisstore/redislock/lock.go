@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/redisstore/internal/rediserr"
-	"github.com/idem-dev/idem/redisstore/internal/script"
+	"github.com/idem-dev/idem/internal/redisx/rediserr"
+	"github.com/idem-dev/idem/internal/redisx/script"
 	"github.com/redis/go-redis/v9"
 )
 

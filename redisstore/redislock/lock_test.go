@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/redisstore/internal/redistest"
+	"github.com/idem-dev/idem/internal/redisx/redistest"
 	"github.com/idem-dev/idem/redisstore/redislock"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
