@@ -30,6 +30,10 @@ type Stats struct {
 	// failing dead-letter publish); HeldNow is how many are held now.
 	Holds   int64
 	HeldNow int64
+	// InFlight is how many fetched deliveries are not settled yet (being
+	// handled, waiting for a worker, or held): a gauge, at most
+	// MaxInFlight unless an adapter returned more than asked.
+	InFlight int64
 	// DeadLetterErrors counts dead-letter publishes that failed (each
 	// retry counts).
 	DeadLetterErrors int64
@@ -37,7 +41,7 @@ type Stats struct {
 
 type counters struct {
 	handled, duplicates, naked, deadLettered, storeErrors, unrecorded, settleErrors atomic.Int64
-	holds, heldNow, deadLetterErrors                                                atomic.Int64
+	holds, heldNow, deadLetterErrors, inFlight                                      atomic.Int64
 }
 
 // Consumer runs a handler over a subscriber's deliveries through the
@@ -144,6 +148,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettered: s.deadLettered.Load(), StoreErrors: s.storeErrors.Load(),
 		Unrecorded: s.unrecorded.Load(), SettleErrors: s.settleErrors.Load(),
 		Holds: s.holds.Load(), HeldNow: s.heldNow.Load(), DeadLetterErrors: s.deadLetterErrors.Load(),
+		InFlight: s.inFlight.Load(),
 	}
 }
 
@@ -206,6 +211,7 @@ func (c *Consumer) fetchLoop(ctx context.Context, queues []chan *delivery) error
 		} else {
 			c.win.release(n - len(msgs))
 		}
+		c.stats.inFlight.Add(int64(len(msgs)))
 		now := time.Now()
 		for _, m := range msgs {
 			d := c.prepare(m)
@@ -599,6 +605,7 @@ func (c *Consumer) done(x *delivery) {
 	if x.held.Load() {
 		c.stats.heldNow.Add(-1)
 	}
+	c.stats.inFlight.Add(-1)
 	c.win.release(1)
 }
 

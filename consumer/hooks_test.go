@@ -108,3 +108,30 @@ func TestHooksObserveSettles(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestStatsInFlight: Stats.InFlight counts fetched deliveries not settled
+// yet (handlers blocked on a gate, the rest waiting for a worker) and
+// returns to zero once they are acked.
+func TestStatsInFlight(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config(e.sub("g"))
+	cfg.Workers = 2
+	gate := make(chan struct{})
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		<-gate
+		return nil, nil
+	}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(msg("m0", "a"), msg("m1", "b"), msg("m2", "c"), msg("m3", "d"))
+	stop := run(t, c)
+	waitFor(t, "4 deliveries in flight", func() bool { return c.Stats().InFlight == 4 })
+	close(gate)
+	waitFor(t, "all acked", func() bool { return c.Stats().Handled == 4 })
+	waitFor(t, "nothing in flight", func() bool { return c.Stats().InFlight == 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}

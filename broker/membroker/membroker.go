@@ -232,6 +232,28 @@ func (s *Subscriber) RedeliveryWindow() time.Duration {
 // MaxDeliveries is Config.MaxDeliver (broker.DeliveryLimiter).
 func (s *Subscriber) MaxDeliveries() int { return s.b.cfg.MaxDeliver }
 
+// Lag is the group's count of messages not settled yet: never delivered
+// to it, or delivered and not acked or termed, leaving out those its
+// delivery limit stopped (broker.LagReporter).
+func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	t := s.b.topic(s.topic)
+	g := t.group(s.group)
+	n := int64(len(t.log) - g.next)
+	now := time.Now()
+	for _, e := range g.entries {
+		if s.b.cfg.MaxDeliver > 0 && e.delivery >= s.b.cfg.MaxDeliver && (!e.inflight || !e.due.After(now)) {
+			continue // exhausted, as in Exhausted
+		}
+		n++
+	}
+	return n, nil
+}
+
 // Fetch returns up to max deliveries, blocking until one is ready.
 func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, error) {
 	if max <= 0 {

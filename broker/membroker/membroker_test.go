@@ -99,3 +99,55 @@ func TestPublishedAndValidation(t *testing.T) {
 		t.Fatalf("Published = %v", got)
 	}
 }
+
+// TestLagCountsUnsettled: lag is what the group has not settled (never
+// delivered, or delivered and not acked), per group, and a message its
+// delivery limit stopped no longer counts.
+func TestLagCountsUnsettled(t *testing.T) {
+	ctx := context.Background()
+	b, err := membroker.New(membroker.Config{AckWait: time.Hour, MaxDeliver: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var _ broker.LagReporter = (*membroker.Subscriber)(nil)
+	p := b.NewPublisher()
+	for _, id := range []string{"a", "b", "c", "d"} {
+		if err := p.Publish(ctx, &broker.Message{ID: id, Topic: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := b.NewSubscriber("t", "g")
+	defer s.Close()
+	other := b.NewSubscriber("t", "other")
+	defer other.Close()
+	lag := func(s *membroker.Subscriber) int64 {
+		t.Helper()
+		n, err := s.Lag(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := lag(s); n != 4 {
+		t.Fatalf("lag before any fetch = %d, want 4", n)
+	}
+	msgs, err := s.Fetch(ctx, 3)
+	if err != nil || len(msgs) != 3 {
+		t.Fatalf("fetch: %v %v", msgs, err)
+	}
+	if n := lag(s); n != 4 {
+		t.Fatalf("lag with 3 in flight = %d, want 4 (delivered is not settled)", n)
+	}
+	_ = msgs[0].Acker.Ack(ctx)
+	_ = msgs[1].Acker.Term(ctx, "poison")
+	if n := lag(s); n != 2 {
+		t.Fatalf("lag after ack and term = %d, want 2", n)
+	}
+	_ = msgs[2].Acker.Nak(ctx, 0) // its last delivery (MaxDeliver 1): never again
+	if n := lag(s); n != 1 {
+		t.Fatalf("lag after a nak on the last delivery = %d, want 1", n)
+	}
+	if n := lag(other); n != 4 {
+		t.Fatalf("other group's lag = %d, want 4", n)
+	}
+}
