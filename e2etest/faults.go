@@ -343,17 +343,24 @@ type ChildConfig struct {
 	Subscriber      broker.Subscriber
 	DeadLetter      broker.Publisher
 	DeadLetterTopic string
+	// Lease is the child guard's lease (0: the guard's default, 30s):
+	// how long the parent waits for the keys the killed child held.
+	Lease time.Duration
 }
 
 // RunChild consumes in this (child) process until it is killed: single
 // mode, the guard on pgstore in the parent's ledger schema with its
-// default lease, each effect committed with its claim's completion (kill
+// default lease (or ChildConfig.Lease), each effect committed with its claim's completion (kill
 // safe), 16 workers and 20ms per effect so claims are always in flight.
 func RunChild(t *testing.T, cc ChildConfig) {
 	schema, _, _ := ChildParams()
 	l := OpenLedger(t, schema)
 	st := OpenPGStore(t, l)
-	guard := NewGuard(t, st)
+	var opts []idem.Option
+	if cc.Lease > 0 {
+		opts = append(opts, idem.WithLease(cc.Lease))
+	}
+	guard := NewGuard(t, st, opts...)
 	eff := &Effects{Ledger: l, Store: st, Delay: 20 * time.Millisecond}
 	cfg := FaultConsumerConfig(cc.Subscriber, guard, cc.DeadLetter, cc.DeadLetterTopic)
 	cfg.Handler = eff.Handler()

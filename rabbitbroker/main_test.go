@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -198,4 +199,27 @@ func closeConnections(t testing.TB, node, name string) int {
 		n++
 	}
 	return n
+}
+
+// queueCounts reads q's ready and unacknowledged messages with rabbitmqctl
+// (queue.declare-ok only counts the ready ones).
+func queueCounts(t testing.TB, q string) (ready, unacked int) {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_queues: %v\n%s", err, out)
+	}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Split(strings.TrimSpace(line), "\t")
+		if len(f) == 3 && f[0] == q {
+			r, err1 := strconv.Atoi(f[1])
+			u, err2 := strconv.Atoi(f[2])
+			if err1 != nil || err2 != nil {
+				t.Fatalf("rabbitmqctl list_queues: %q", line)
+			}
+			return r, u
+		}
+	}
+	t.Fatalf("queue %s not listed", q)
+	return 0, 0
 }

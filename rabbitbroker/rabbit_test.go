@@ -434,8 +434,7 @@ func TestUnreachableAtStart(t *testing.T) {
 	if err := p.Publish(ctxT(t, 200*time.Millisecond), msgs(x.Topic, "early", 1)...); !errors.Is(err, idem.ErrUnavailable) {
 		t.Fatalf("Publish while unreachable = %v, want ErrUnavailable", err)
 	}
-	stop := proxy(t, addr, "127.0.0.1:5672")
-	defer stop()
+	proxy(t, addr, "127.0.0.1:5672")
 	if err := s.WaitReady(ctxT(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -445,18 +444,28 @@ func TestUnreachableAtStart(t *testing.T) {
 	}
 }
 
-// proxy forwards TCP connections on listen to target until stopped (then
-// it closes every connection it made).
-func proxy(t testing.TB, listen, target string) (stop func()) {
+// tcpProxy forwards TCP connections from a loopback port to target:
+// cutting it closes every connection it carries (a network failure, as
+// both ends see it) while it keeps accepting new ones.
+type tcpProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// proxy listens on listen ("127.0.0.1:0" for any port) and forwards to
+// target until stopped (at cleanup at the latest).
+func proxy(t testing.TB, listen, target string) *tcpProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Go(func() {
+	p := &tcpProxy{ln: ln, target: target}
+	p.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -467,23 +476,36 @@ func proxy(t testing.TB, listen, target string) (stop func()) {
 				c.Close()
 				continue
 			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(u, c); u.Close() })
-			wg.Go(func() { io.Copy(c, u); c.Close() })
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			p.wg.Go(func() { io.Copy(u, c); u.Close() })
+			p.wg.Go(func() { io.Copy(c, u); c.Close() })
 		}
 	})
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			ln.Close()
-			mu.Lock()
-			for _, c := range conns {
-				c.Close()
-			}
-			mu.Unlock()
-			wg.Wait()
-		})
+	t.Cleanup(p.stop)
+	return p
+}
+
+// URL is an AMQP URL through the proxy.
+func (p *tcpProxy) URL() string { return "amqp://guest:guest@" + p.ln.Addr().String() + "/" }
+
+// cut closes every connection carried so far and returns how many.
+func (p *tcpProxy) cut() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
 	}
+	n := len(p.conns) / 2
+	p.conns = nil
+	return n
+}
+
+func (p *tcpProxy) stop() {
+	p.once.Do(func() {
+		p.ln.Close()
+		p.cut()
+		p.wg.Wait()
+	})
 }
