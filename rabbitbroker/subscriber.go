@@ -124,7 +124,28 @@ func (s *Subscriber) setup(c *amqp.Connection) (subGen, *link, error) {
 	if err != nil {
 		return subGen{}, nil, fmt.Errorf("consume %s: %w", cfg.Queue, err)
 	}
-	return subGen{l: l, ch: ch, deliveries: ds, delay: dcc, declared: map[time.Duration]bool{}}, l, nil
+	// amqp091 hands deliveries over one at a time through an unbuffered
+	// channel, so a non-blocking read after the first mostly finds
+	// nothing: move them into a buffer as large as the prefetch (the
+	// broker sends no more unacked ones than that), so that Fetch
+	// returns what has arrived in one call. The goroutine ends when the
+	// connection closes (or dies: its deliveries are requeued).
+	size := cfg.Prefetch
+	if size == 0 {
+		size = 4096
+	}
+	buf := make(chan amqp.Delivery, size)
+	go func() {
+		defer close(buf)
+		for d := range ds {
+			select {
+			case buf <- d:
+			case <-l.dead: // requeued by the broker; nobody may take it now
+				return
+			}
+		}
+	}()
+	return subGen{l: l, ch: ch, deliveries: buf, delay: dcc, declared: map[time.Duration]bool{}}, l, nil
 }
 
 // declare declares cfg's exchange, dead-letter exchange and queue, and
