@@ -31,6 +31,8 @@ type Features struct {
 	Purge         bool // idem.Purger
 	List          bool // idem.Lister
 	Stats         bool // idem.Stater
+	// ForceRelease: idem.ForceReleaser (run whenever the store has it).
+	ForceRelease bool
 	// LeaseUnit is the base duration of the timing tests (default 100ms):
 	// leases of one unit are waited out with sleeps of a few units. Raise
 	// it for a store with coarse time or slow round trips.
@@ -116,6 +118,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"Purge", s.testPurge},
 		{"ListInProgress", s.testList},
 		{"Stats", s.testStats},
+		{"ForceRelease", s.testForceRelease},
 		{"Linearizable", s.testLinearizable},
 		{"BadRecordPerKey", s.testBadRecord},
 		{"MaintenanceKeepsLiveRecords", s.testMaintenance},

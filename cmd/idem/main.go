@@ -1,42 +1,36 @@
-// Command idem is idem's command-line tool. Today it has one subcommand,
-// demo, which shows the guard at work on the embedded file store with no
-// server to set up; the HTTP service (serve), the proxy and the benchmark
-// harness will join it.
+// Command idem is idem's command-line tool: the demo, the operations
+// commands (inspect, keys, evict, release, gc, migrate, stats, id) on any
+// store named by a URL, and the HTTP service and proxy.
+//
+// Every command takes --store URL (env IDEM_STORE; default the embedded file
+// store idem.db in the working directory) and --namespace NS (env
+// IDEM_NAMESPACE), and --json for machine-readable output. Exit codes are
+// listed in exitcodes.go and docs/cli.md.
 package main
 
 import (
-	"fmt"
+	"context"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
-
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		usage(stderr)
-		return 2
-	}
-	switch args[0] {
-	case "demo":
-		return demo(args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		usage(stdout)
-		return 0
-	}
-	fmt.Fprintf(stderr, "idem: unknown command %q\n", args[0])
-	usage(stderr)
-	return 2
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: idem <command> [flags]
+// run runs the command line args and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
 
-commands:
-  demo    deliver messages at least once (duplicates, redeliveries, crashed
-          workers, a restart) through the guard on the embedded file store,
-          and check every effect happened exactly once
-
-run "idem <command> -h" for a command's flags
-`)
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	return report(err, stderr)
 }

@@ -29,7 +29,8 @@ func TestCLIErrors(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{nil, 2, "usage"},
+		{nil, 2, "Usage:"},
+		{[]string{"--bogus"}, 2, "unknown flag: --bogus"},
 		{[]string{"bogus"}, 2, `unknown command "bogus"`},
 		{[]string{"demo", "-messages", "0"}, 2, "-messages 0"},
 		{[]string{"demo", "-dup", "-1"}, 2, "-dup"},
