@@ -35,6 +35,8 @@ type Store struct {
 	ns     []byte
 	nsLit  string
 	closed atomic.Bool
+	// ownDB: the Store made its pool (URLConfig.Open) and closes it.
+	ownDB bool
 	// derivedMin is the smallest claim statement (in rows) whose rows are
 	// sent as a derived table (see claimSQL); tests lower it to 1.
 	derivedMin int
@@ -77,9 +79,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 }
 
 // Close marks the store closed; later calls return idem.ErrClosed. The
-// *sql.DB belongs to the caller and stays open.
+// *sql.DB belongs to the caller and stays open, unless the Store made it
+// (URLConfig.Open).
 func (s *Store) Close() error {
-	s.closed.Store(true)
+	if !s.closed.Swap(true) && s.ownDB {
+		return s.db.Close()
+	}
 	return nil
 }
 

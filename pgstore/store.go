@@ -37,6 +37,8 @@ type Store struct {
 	tables []tableSQL
 	hist   string
 	closed atomic.Bool
+	// ownPool: the Store made its pool (URLConfig.Open) and closes it.
+	ownPool bool
 
 	partMu sync.Mutex
 	parts  map[int64]bool // partition start (unix s) -> known to exist
@@ -67,9 +69,11 @@ func New(cfg Config) (*Store, error) {
 }
 
 // Close marks the Store closed. It does not close the pool, which the
-// caller owns.
+// caller owns, unless the Store made it (URLConfig.Open).
 func (s *Store) Close() error {
-	s.closed.Store(true)
+	if !s.closed.Swap(true) && s.ownPool {
+		s.pool.Close()
+	}
 	return nil
 }
 

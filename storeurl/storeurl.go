@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/keytime"
 )
 
 // Params is the query of a store URL, consumed parameter by parameter.
@@ -191,6 +192,41 @@ func (p *Params) Done() error {
 		}
 		slices.Sort(names)
 		return fmt.Errorf("%w: %s: unknown URL parameter(s) %s", idem.ErrInvalidArgument, p.store, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// KeyTime reads the keytime parameter (uuidv7, ulid or snowflake) and,
+// for snowflake, snowflake_epoch (RFC 3339; default 2020-01-01T00:00:00Z,
+// the snowflake package's default epoch): the key time reader of the SQL
+// stores' time-ordered layouts. It returns nil when keytime is absent.
+func (p *Params) KeyTime() keytime.Func {
+	var kt, epoch string
+	p.Choice("keytime", &kt, "uuidv7", "ulid", "snowflake")
+	p.String("snowflake_epoch", &epoch)
+	if p.err != nil {
+		return nil
+	}
+	if epoch != "" && kt != "snowflake" {
+		p.fail("snowflake_epoch", epoch, "needs keytime=snowflake")
+		return nil
+	}
+	switch kt {
+	case "uuidv7":
+		return keytime.UUIDv7
+	case "ulid":
+		return keytime.ULID
+	case "snowflake":
+		ep := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+		if epoch != "" {
+			t, err := time.Parse(time.RFC3339Nano, epoch)
+			if err != nil {
+				p.fail("snowflake_epoch", epoch, "want RFC 3339 (2020-01-01T00:00:00Z)")
+				return nil
+			}
+			ep = t
+		}
+		return keytime.Snowflake(ep)
 	}
 	return nil
 }

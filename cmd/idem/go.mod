@@ -1,22 +1,40 @@
 module github.com/idem-dev/idem/cmd/idem
 
-go 1.26
+go 1.26.0
 
 require (
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idem-dev/idem v0.0.0
 	github.com/idem-dev/idem/boltstore v0.0.0
+	github.com/idem-dev/idem/mysqlstore v0.0.0
+	github.com/idem-dev/idem/pgstore v0.0.0
+	github.com/idem-dev/idem/redisstore v0.0.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
-	golang.org/x/sys v0.45.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
 )
 
 replace (
 	github.com/idem-dev/idem => ../../
 	github.com/idem-dev/idem/boltstore => ../../boltstore
+	github.com/idem-dev/idem/mysqlstore => ../../mysqlstore
+	github.com/idem-dev/idem/outboxtest => ../../outboxtest
+	github.com/idem-dev/idem/pgstore => ../../pgstore
+	github.com/idem-dev/idem/redisstore => ../../redisstore
 	github.com/idem-dev/idem/storetest => ../../storetest
 )
