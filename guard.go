@@ -582,6 +582,8 @@ func (g *Guard) CompleteBatch(ctx context.Context, hs []*Held, results [][]byte)
 // FingerprintOf returns a SHA-256 fingerprint of the given parts (each
 // length-prefixed, so ("ab","c") and ("a","bc") differ). Use it with
 // WithFingerprint on the message payload or the fields that define it.
+// docs/fingerprint.md gives the format for producers in other languages,
+// with test vectors.
 func FingerprintOf(parts ...[]byte) []byte {
 	h := sha256.New()
 	var n [8]byte

@@ -1,7 +1,10 @@
 // Package broker is idem's broker-neutral message model: what every broker
-// adapter (Kafka, NATS JetStream, RabbitMQ, Redis Streams, RocketMQ, MQTT)
-// produces and consumes, so the consumer runtime and the shared broker
-// conformance suite (brokertest) work with any of them.
+// adapter produces and consumes, so the consumer runtime and the shared
+// broker conformance suite (brokertest) work with any of them. The
+// adapters are membroker (in memory, in this module), natsbroker (NATS
+// JetStream), kafkabroker (Kafka, franz-go) and rabbitbroker (RabbitMQ,
+// amqp091-go), each its own module; the README's layout table lists them
+// as they are added.
 package broker
 
 import (

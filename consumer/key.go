@@ -88,7 +88,9 @@ func JSONFieldsKey(fields ...string) KeyFunc {
 	}
 }
 
-// PayloadFingerprint is the SHA-256 of the payload.
+// PayloadFingerprint is idem.FingerprintOf(payload): the SHA-256 of the
+// payload's length (8 bytes, big-endian) and the payload, not the plain
+// SHA-256 (docs/fingerprint.md gives the format and test vectors).
 func PayloadFingerprint(m *broker.Message) []byte { return idem.FingerprintOf(m.Payload) }
 
 // NoFingerprint turns fingerprint checks off.

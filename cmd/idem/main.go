@@ -1,6 +1,7 @@
-// Command idem is idem's command-line tool: the demo, the operations
+// Command idem is idem's command-line tool: the demo and the operations
 // commands (inspect, keys, evict, release, gc, migrate, stats, id) on any
-// store named by a URL, and the HTTP service and proxy.
+// store named by a URL. Other commands add themselves to the tree from
+// their own files (see subcommands in root.go).
 //
 // Every command takes --store URL (env IDEM_STORE; default the embedded file
 // store idem.db in the working directory) and --namespace NS (env

@@ -75,7 +75,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	g := &globals{stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
 		Use:   "idem",
-		Short: "exactly-once effects over at-least-once brokers: demo, operations, HTTP service",
+		Short: "exactly-once effects over at-least-once brokers: demo and operations on any store",
 		Long: `idem: exactly-once effects over at-least-once brokers.
 
 Every command works on the store named by --store (a URL; $IDEM_STORE; default
