@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -55,13 +54,13 @@ func FromURL(rawURL string) (*URLConfig, error) {
 	}
 	uc := &URLConfig{}
 	c := &uc.Store
-	var layout, period, socket string
+	var layout, socket string
 	q.String("namespace", &c.Namespace)
 	q.String("table", &c.Table)
 	q.String("version_table", &c.VersionTable)
 	q.Choice("layout", &layout, "single", "sharded", "time_ordered", "time_partitioned")
 	q.Int("shards", &c.Shards, 2, 256)
-	q.Choice("period", &period, "day", "week")
+	q.Period("period", &c.Period)
 	q.Int("precreate", &c.Precreate, 0, 366)
 	q.Duration("retention", &c.Retention)
 	q.Bool("archive", &c.Archive)
@@ -80,12 +79,6 @@ func FromURL(rawURL string) (*URLConfig, error) {
 	}
 	if layout != "" {
 		c.Layout, _ = ParseLayout(layout)
-	}
-	switch period {
-	case "day":
-		c.Period = 24 * time.Hour
-	case "week":
-		c.Period = 7 * 24 * time.Hour
 	}
 
 	bad := func(format string, a ...any) error {

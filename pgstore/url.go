@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -42,13 +41,13 @@ func FromURL(rawURL string) (*URLConfig, error) {
 		return nil, err
 	}
 	var c Config
-	var layout, period string
+	var layout string
 	q.String("namespace", &c.Namespace)
 	q.String("schema", &c.Schema)
 	q.String("table", &c.Table)
 	q.Choice("layout", &layout, "single", "sharded", "time_ordered", "time_partitioned")
 	q.Int("shards", &c.Shards, 2, 256)
-	q.Choice("period", &period, "day", "week")
+	q.Period("period", &c.Period)
 	q.Int("precreate", &c.Precreate, 0, 366)
 	q.Bool("archive", &c.Archive)
 	q.Int("purge_batch", &c.PurgeBatch, 1, 100000)
@@ -62,12 +61,6 @@ func FromURL(rawURL string) (*URLConfig, error) {
 	}
 	if layout != "" {
 		c.Layout, _ = ParseLayout(layout)
-	}
-	switch period {
-	case "day":
-		c.Period = 24 * time.Hour
-	case "week":
-		c.Period = 7 * 24 * time.Hour
 	}
 	u.RawQuery = q.Rest().Encode()
 	pc, err := pgxpool.ParseConfig(u.String())

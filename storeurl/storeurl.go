@@ -173,6 +173,19 @@ func (p *Params) Choice(name string, dst *string, choices ...string) {
 	p.fail(name, v, "want one of %s", strings.Join(choices, ", "))
 }
 
+// Period sets *dst from a partition width parameter: day (24h) or week
+// (168h), the periods of the SQL stores' time-partitioned layout.
+func (p *Params) Period(name string, dst *time.Duration) {
+	var v string
+	p.Choice(name, &v, "day", "week")
+	switch v {
+	case "day":
+		*dst = 24 * time.Hour
+	case "week":
+		*dst = 7 * 24 * time.Hour
+	}
+}
+
 // Rest returns the parameters not taken, for the driver.
 func (p *Params) Rest() url.Values { return p.q }
 

@@ -79,6 +79,21 @@ func redact(rawURL string) string {
 	return "(unparsable URL)"
 }
 
+// namespacer is a store whose root handle gives handles on other
+// namespaces sharing its connections (memstore, boltstore, redisstore).
+type namespacer[S idem.Store] interface {
+	Namespace(ns string) (S, error)
+	Close() error
+}
+
+func rootBackend[S idem.Store](rawURL string, root namespacer[S]) *backend {
+	return &backend{
+		url:    redact(rawURL),
+		Handle: func(_ context.Context, ns string) (idem.Store, error) { return root.Namespace(ns) },
+		Close:  root.Close,
+	}
+}
+
 func openMemory(_ context.Context, rawURL string, _ openOptions) (*backend, error) {
 	cfg, err := memstore.FromURL(rawURL)
 	if err != nil {
@@ -88,11 +103,7 @@ func openMemory(_ context.Context, rawURL string, _ openOptions) (*backend, erro
 	if err != nil {
 		return nil, err
 	}
-	return &backend{
-		url:    redact(rawURL),
-		Handle: func(_ context.Context, ns string) (idem.Store, error) { return root.Namespace(ns) },
-		Close:  root.Close,
-	}, nil
+	return rootBackend(rawURL, root), nil
 }
 
 func openBolt(_ context.Context, rawURL string, o openOptions) (*backend, error) {
@@ -109,11 +120,7 @@ func openBolt(_ context.Context, rawURL string, o openOptions) (*backend, error)
 	if err != nil {
 		return nil, err
 	}
-	return &backend{
-		url:    redact(rawURL),
-		Handle: func(_ context.Context, ns string) (idem.Store, error) { return root.Namespace(ns) },
-		Close:  root.Close,
-	}, nil
+	return rootBackend(rawURL, root), nil
 }
 
 // open opens the --store backend and the --namespace handle with the

@@ -31,11 +31,7 @@ func openRedis(ctx context.Context, rawURL string, _ openOptions) (*backend, err
 	if err != nil {
 		return nil, err
 	}
-	return &backend{
-		url:    redact(rawURL),
-		Handle: func(_ context.Context, ns string) (idem.Store, error) { return root.Namespace(ns) },
-		Close:  root.Close,
-	}, nil
+	return rootBackend(rawURL, root), nil
 }
 
 // handles keeps one Store per namespace on a shared pool (the SQL stores
