@@ -21,6 +21,9 @@
 // broker's consumer_timeout and what the consumer runtime's holds mean
 // there.
 //
+// Lag (broker.LagReporter) counts the ready and delayed messages of the
+// queue and this subscriber's unsettled deliveries.
+//
 // Publisher and Subscriber each keep their own connection and reconnect
 // with backoff after it drops or the broker restarts, declaring their
 // topology again; New never fails because the broker is unreachable

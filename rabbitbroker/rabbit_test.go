@@ -509,3 +509,41 @@ func (p *tcpProxy) stop() {
 		p.wg.Wait()
 	})
 }
+
+// TestLag: ready messages, this subscriber's unsettled deliveries and the
+// messages waiting in delay queues count; settled ones do not.
+func TestLag(t *testing.T) {
+	x := newTopo(t)
+	s := subscriber(t, x.subConfig(t, "g"))
+	lag := func() int64 {
+		t.Helper()
+		n, err := s.Lag(ctxT(t, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := lag(); n != 0 {
+		t.Fatalf("Lag of an empty queue = %d", n)
+	}
+	publish(t, x.publisher(t), msgs(x.Topic, "lag", 10)...)
+	got := fetchN(t, s, 10, 10*time.Second)
+	for _, m := range got[:3] {
+		if err := m.Acker.Ack(ctxT(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := got[3].Acker.Nak(ctxT(t, 5*time.Second), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// 6 unsettled in hand + 1 in the 30s delay queue.
+	waitFor(t, "Lag 7", func() bool { return lag() == 7 })
+	for _, m := range got[4:] {
+		if err := m.Acker.Ack(ctxT(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := lag(); n != 1 {
+		t.Fatalf("Lag = %d, want 1 (the delayed message)", n)
+	}
+}

@@ -40,6 +40,8 @@ type subGen struct {
 
 	declMu   sync.Mutex
 	declared map[time.Duration]bool
+
+	unsettled atomic.Int64 // deliveries handed out and not settled (Lag)
 }
 
 // NewSubscriber checks cfg and starts connecting in the background.
@@ -146,6 +148,46 @@ func (s *Subscriber) setup(c *amqp.Connection) (subGen, *link, error) {
 		}
 	}()
 	return subGen{l: l, ch: ch, deliveries: buf, delay: dcc, declared: map[time.Duration]bool{}}, l, nil
+}
+
+// Lag implements broker.LagReporter, approximately: the messages ready in
+// the work queue and waiting in its delay queues (nak'ed with a delay),
+// plus this subscriber's deliveries not settled yet. Other members' unacked
+// deliveries are not visible over AMQP (the management API has them), and
+// messages over the delivery limit are in the dead-letter queue, not
+// counted. One passive queue.declare per queue on a channel of its own.
+func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
+	g, l, err := s.k.current(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ch, err := l.conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("rabbitbroker: lag: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(s.cfg.Queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("rabbitbroker: lag of %s: %w", s.cfg.Queue, err)
+	}
+	lag := int64(q.Messages) + g.unsettled.Load()
+	for _, b := range s.cfg.DelayBuckets {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		dq, err := ch.QueueDeclarePassive(s.cfg.DelayQueue(b), true, false, false, false, nil)
+		if err != nil {
+			// Not declared (yet): a 404 closes the channel; go on
+			// with a new one.
+			_ = ch.Close()
+			if ch, err = l.conn.Channel(); err != nil {
+				return 0, fmt.Errorf("rabbitbroker: lag: %w", err)
+			}
+			continue
+		}
+		lag += int64(dq.Messages)
+	}
+	return lag, nil
 }
 
 // declare declares cfg's exchange, dead-letter exchange and queue, and
@@ -350,6 +392,7 @@ func (s *Subscriber) convert(g *subGen, d amqp.Delivery) *broker.Message {
 	}
 	m.Delivery = prior + this
 	m.Acker = &acker{s: s, g: g, d: d, topic: m.Topic, delivery: m.Delivery}
+	g.unsettled.Add(1)
 	return m
 }
 
@@ -457,6 +500,7 @@ func (a *acker) settle(ctx context.Context, f func() error) error {
 		}
 		return fmt.Errorf("rabbitbroker: %w", err)
 	}
+	a.g.unsettled.Add(-1)
 	return nil
 }
 
@@ -559,4 +603,5 @@ func (a *acker) InProgress(ctx context.Context) error {
 var (
 	_ broker.Subscriber      = (*Subscriber)(nil)
 	_ broker.DeliveryLimiter = (*Subscriber)(nil)
+	_ broker.LagReporter     = (*Subscriber)(nil)
 )
