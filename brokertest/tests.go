@@ -282,9 +282,11 @@ func testNakDelay(t *testing.T, env Env, f Features) {
 	s := newSub(t, env, "g")
 	defer closeOK(t, "subscriber", s)
 
-	sent := makeMsgs(env.Topic, "nakdelay", 1, nil)
+	sent := makeMsgs(env.Topic, "nakdelay", 1, func(int) []byte { return []byte("nak-key") })
+	sent[0].Headers = map[string]string{"x-tenant": "acme"}
 	publish(t, p, sent...)
 	var nakAt, backAt time.Time
+	var back *broker.Message
 	collect(t, s, f.RedeliveryTimeout+f.NakDelay+f.DeliveryTimeout,
 		func([]*broker.Message) bool { return !backAt.IsZero() },
 		func(m *broker.Message) {
@@ -295,11 +297,23 @@ func testNakDelay(t *testing.T, env Env, f Features) {
 				}
 				return
 			}
-			backAt = time.Now()
+			backAt, back = time.Now(), m
 			ack(t, m)
 		})
 	if backAt.IsZero() {
 		t.Fatalf("message not redelivered within %s of Nak(%s)", f.RedeliveryTimeout, f.NakDelay)
+	}
+	// The same message comes back (an adapter that delays by
+	// re-publishing a copy must carry everything over).
+	if back.ID != sent[0].ID {
+		t.Fatalf("redelivered %s, want %s", back.ID, sent[0].ID)
+	}
+	checkSame(t, sent[0], back)
+	if !bytes.Equal(back.Key, sent[0].Key) || back.Headers["x-tenant"] != "acme" {
+		t.Errorf("delayed redelivery lost its key (%q) or header (%q)", back.Key, back.Headers["x-tenant"])
+	}
+	if f.DeliveryCount && back.Delivery < 2 {
+		t.Errorf("delayed redelivery has Delivery %d, want >= 2", back.Delivery)
 	}
 	// A lower bound only: load can make it later, never earlier. Allow
 	// for clock granularity.
