@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -136,24 +138,11 @@ func TestPublishUnroutableAndWithoutID(t *testing.T) {
 
 func containsAll(s string, subs ...string) bool {
 	for _, x := range subs {
-		if !bytesContains(s, x) {
+		if !strings.Contains(s, x) {
 			return false
 		}
 	}
 	return true
-}
-
-func bytesContains(s, sub string) bool {
-	return len(sub) == 0 || (len(s) >= len(sub) && indexOf(s, sub) >= 0)
-}
-
-func indexOf(s, sub string) int {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return i
-		}
-	}
-	return -1
 }
 
 // TestPropertiesAndTrace: message-id property, persistence, idem headers
@@ -545,5 +534,45 @@ func TestLag(t *testing.T) {
 	}
 	if n := lag(); n != 1 {
 		t.Fatalf("Lag = %d, want 1 (the delayed message)", n)
+	}
+}
+
+// TestClassicQueue: Classic declares classic queues (work, dead-letter,
+// delay): no delivery limit (MaxDeliveries 0), Delivery from the
+// redelivered flag (2) and from the delay copy's count (3), Term to the
+// dead-letter queue.
+func TestClassicQueue(t *testing.T) {
+	x := newTopo(t)
+	cfg := x.subConfig(t, "g")
+	cfg.Classic = true
+	s := subscriber(t, cfg)
+	if s.MaxDeliveries() != 0 {
+		t.Fatalf("MaxDeliveries = %d, want 0", s.MaxDeliveries())
+	}
+	publish(t, x.publisher(t), msgs(x.Topic, "classic", 1)...)
+	for want, nak := range []time.Duration{0, time.Second, -1} {
+		m := fetchN(t, s, 1, 10*time.Second)[0]
+		if m.Delivery != want+1 {
+			t.Fatalf("delivery %d: Delivery %d", want+1, m.Delivery)
+		}
+		var err error
+		if nak >= 0 {
+			err = m.Acker.Nak(ctxT(t, 5*time.Second), nak)
+		} else {
+			err = m.Acker.Term(ctxT(t, 5*time.Second), "done")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitDepth(t, cfg.Queue+".dlq", 1)
+	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name", "type").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_queues: %v\n%s", err, out)
+	}
+	for _, q := range []string{cfg.Queue, cfg.Queue + ".dlq", cfg.DelayQueue(time.Second)} {
+		if !strings.Contains(string(out), q+"\tclassic\n") {
+			t.Errorf("%s is not a classic queue", q)
+		}
 	}
 }
