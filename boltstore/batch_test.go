@@ -98,9 +98,10 @@ func TestCompleteBatchOneCommit(t *testing.T) {
 	}
 }
 
-// A failed commit fails the whole call and reports no entry done: disk full
-// gives ErrUnavailable with nothing applied; any other commit failure gives
-// ErrUnknownOutcome and disables writes until reopen.
+// A failed commit fails the whole call and reports no entry done. Injected
+// before bbolt's Commit, nothing is applied either way (ErrUnavailable);
+// disk full leaves writes enabled, an fsync error disables them until
+// reopen. TestFdatasyncErrorDisablesWrites has real fdatasync failures.
 func TestCompleteBatchCommitFails(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -109,7 +110,7 @@ func TestCompleteBatchCommitFails(t *testing.T) {
 		sticky bool
 	}{
 		{"DiskFull", &os.PathError{Op: "write", Err: syscall.ENOSPC}, idem.ErrUnavailable, false},
-		{"FsyncError", &os.PathError{Op: "sync", Err: syscall.EIO}, idem.ErrUnknownOutcome, true},
+		{"FsyncError", syscall.EIO, idem.ErrUnavailable, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()

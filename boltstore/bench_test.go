@@ -249,6 +249,80 @@ func BenchmarkDuplicate(b *testing.B) {
 	}
 }
 
+// BenchmarkDuplicateUnderWrites measures duplicate claims (answered from a
+// read transaction) from 64 goroutines while 16 others claim new keys, so
+// that commits run back to back: with readers waiting for the fdatasync of a
+// commit whose meta page they would otherwise already see (wait=on, the
+// store's behaviour) and answering from it at once (wait=off, the behaviour
+// before, which a power cut could contradict). Run both in one go and
+// compare the ratios.
+func BenchmarkDuplicateUnderWrites(b *testing.B) {
+	for _, wait := range []bool{true, false} {
+		b.Run(fmt.Sprintf("wait=%t", wait), func(b *testing.B) {
+			s := benchStore(b, FsyncGroup).(*Store)
+			s.b.readUnsynced = !wait
+			var waits atomic.Int64
+			s.b.readerWaits = func() { waits.Add(1) }
+			ctx := context.Background()
+			const keys = 1000
+			reqs := make([]idem.ClaimRequest, keys)
+			for i := range reqs {
+				reqs[i] = idem.ClaimRequest{Key: strconv.AppendInt([]byte("dup-"), int64(i), 10), Lease: time.Minute, TTL: time.Hour}
+			}
+			res, err := s.ClaimBatch(ctx, reqs)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i, r := range res {
+				if err := s.Complete(ctx, reqs[i].Key, r.Claim.Record.Token, []byte("done")); err != nil {
+					b.Fatal(err)
+				}
+			}
+			stop := make(chan struct{})
+			var writes atomic.Int64
+			var wg sync.WaitGroup
+			for w := range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if _, err := s.Claim(ctx, idem.ClaimRequest{Key: []byte(fmt.Sprintf("new-%d-%d", w, i)), Lease: time.Minute, TTL: time.Hour}); err != nil {
+							b.Error(err)
+							return
+						}
+						writes.Add(1)
+					}
+				}()
+			}
+			var next atomic.Int64
+			b.SetParallelism(32) // 64 goroutines on 2 CPUs
+			b.ResetTimer()
+			w0, start := writes.Load(), time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					c, err := s.Claim(ctx, reqs[next.Add(1)%keys])
+					if err != nil || c.Outcome != idem.OutcomeCompleted {
+						b.Errorf("%v %v", c.Outcome, err)
+						return
+					}
+				}
+			})
+			elapsed, w1 := time.Since(start), writes.Load()
+			b.StopTimer()
+			close(stop)
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "dups/s")
+			b.ReportMetric(float64(w1-w0)/elapsed.Seconds(), "writes/s")
+			b.ReportMetric(float64(waits.Load())/float64(b.N), "waits/dup")
+		})
+	}
+}
+
 // BenchmarkClaimRandomKeys is BenchmarkClaim's 64-caller rows with random
 // 16-byte keys (UUID-like) instead of increasing ones (Snowflake-like): each
 // claim then dirties its own leaf pages, so commits write more.

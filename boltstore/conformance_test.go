@@ -2,12 +2,11 @@ package boltstore
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"go.etcd.io/bbolt"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/storetest"
@@ -39,18 +38,19 @@ func conformance(t *testing.T, fsync FsyncPolicy) {
 }
 
 // corruptRecord flips one byte of key's stored record behind the store's
-// back, as bit rot after Open's check would: the record's CRC then fails.
+// back (but through its commit loop, which publishes what readers may see),
+// as bit rot after Open's check would: the record's CRC then fails.
 func corruptRecord(t testing.TB, st idem.Store, key []byte) {
 	t.Helper()
 	s := st.(*Store)
-	err := s.b.bolt.Update(func(tx *bbolt.Tx) error {
-		r := tx.Bucket(s.name).Bucket(recordsBucket)
+	err := s.b.do(context.Background(), func(w *wtx, _ int64) (error, error) {
+		r := w.tx.Bucket(s.name).Bucket(recordsBucket)
 		v := bytes.Clone(r.Get(key))
 		if v == nil {
-			return fmt.Errorf("no record for %q", key)
+			return nil, fmt.Errorf("no record for %q", key)
 		}
 		v[len(v)/2] ^= 0x20
-		return r.Put(key, v)
+		return nil, r.Put(key, v)
 	})
 	if err != nil {
 		t.Fatal(err)

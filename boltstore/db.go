@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,12 +29,35 @@ type backend struct {
 
 	// writeErr, once set, refuses every later write: a commit failed in a
 	// way that may have left the file and the page cache disagreeing (an
-	// fsync error). Reads keep working; reopening clears it.
+	// fsync error). Reopening clears it.
 	writeErr atomic.Pointer[error]
+	// readErr, once set, refuses every read of a snapshot newer than
+	// durable: a commit failed after bbolt had written its meta page, so
+	// the state readers would now see may not be on disk.
+	readErr atomic.Pointer[error]
+
+	// durable is the id of the last transaction known to be on disk: its
+	// Commit returned, i.e. both of bbolt's fdatasyncs succeeded. bbolt
+	// makes a commit visible to new read transactions as soon as it writes
+	// the meta page, before the fdatasync that makes it durable; readers
+	// (view) never answer from a snapshot newer than durable.
+	durable atomic.Uint64
+	// committed is closed (and replaced) after every commit attempt, to wake
+	// readers waiting for durable to catch up with their snapshot.
+	committed atomic.Pointer[chan struct{}]
+	// inflight is the commit being made, if any: the one transaction that
+	// readers may see before it is durable.
+	inflight atomic.Pointer[inflight]
 
 	// beforeCommit, when set (tests), runs just before each Commit; an error
-	// from it is handled as a failed commit.
+	// from it is handled as a failed commit. readerWaits, when set (tests),
+	// runs when a reader waits for a commit's fdatasync.
 	beforeCommit func(*bbolt.Tx) error
+	readerWaits  func()
+	// readUnsynced (benchmarks only) makes readers answer from snapshots
+	// whose fdatasync has not returned, as before readers waited: the
+	// baseline BenchmarkDuplicateUnderWrites compares against.
+	readUnsynced bool
 
 	mu     sync.Mutex
 	spaces map[string]bool // namespaces whose buckets exist
@@ -56,6 +80,78 @@ type op struct {
 	apply func(w *wtx, now int64) (answer, fatal error)
 	state atomic.Int32
 	done  chan error
+}
+
+// inflight is a commit between bbolt's Commit call and its return: its
+// transaction id and, per namespace bucket, the keys whose record it writes.
+type inflight struct {
+	id      uint64
+	written map[string]map[string]struct{}
+}
+
+// view runs fn in a read transaction whose answer no power cut can
+// contradict. bbolt shows a commit to new read transactions as soon as it has
+// written the meta page, before the fdatasync that makes it durable. A
+// snapshot no newer than durable is used as is; one that holds the commit
+// in flight is used only when fn reads the record of one key (key, in
+// namespace bucket name) that this commit does not write, since that record
+// then reads as in the durable state. Otherwise view waits for the commit
+// to end and reads again. If the commit failed after its meta page was
+// written, the snapshot's durability is unknown and view fails (readErr)
+// until the store is reopened.
+func (b *backend) view(ctx context.Context, name, key []byte, fn func(tx *bbolt.Tx) error) error {
+	for {
+		done := *b.committed.Load()
+		tx, err := b.bolt.Begin(false)
+		if err != nil {
+			return fmt.Errorf("%w: boltstore %s: read: %w", idem.ErrUnavailable, b.cfg.Path, err)
+		}
+		if id := uint64(tx.ID()); id <= b.durable.Load() || b.readUnsynced || b.untouched(id, name, key) {
+			err = fn(tx)
+			_ = tx.Rollback()
+			return err
+		}
+		_ = tx.Rollback()
+		if p := b.readErr.Load(); p != nil {
+			return *p
+		}
+		if b.readerWaits != nil {
+			b.readerWaits()
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-b.loop:
+			return idem.ErrClosed
+		}
+	}
+}
+
+// untouched reports whether transaction id is the commit in flight and it
+// does not write the record of key in namespace bucket name.
+func (b *backend) untouched(id uint64, name, key []byte) bool {
+	f := b.inflight.Load()
+	if key == nil || f == nil || f.id != id || b.readErr.Load() != nil {
+		return false
+	}
+	_, w := f.written[string(name)][string(key)]
+	return !w
+}
+
+// published marks transaction id durable (its Commit returned) and wakes
+// the readers waiting for it.
+func (b *backend) published(id uint64) {
+	if id > b.durable.Load() {
+		b.durable.Store(id) // only the commit loop (and Open) stores
+	}
+	b.inflight.Store(nil)
+	b.wake()
+}
+
+func (b *backend) wake() {
+	next := make(chan struct{})
+	close(*b.committed.Swap(&next))
 }
 
 func (b *backend) writeDisabled() error {
@@ -235,6 +331,11 @@ func (b *backend) commit(batch []*op) {
 			answers = append(answers[:bad], answers[bad+1:]...)
 			continue
 		}
+		f := &inflight{id: uint64(tx.ID()), written: make(map[string]map[string]struct{}, len(w.spaces))}
+		for name, sp := range w.spaces {
+			f.written[name] = sp.written
+		}
+		b.inflight.Store(f)
 		if b.beforeCommit != nil {
 			err = b.beforeCommit(tx)
 		}
@@ -243,9 +344,13 @@ func (b *backend) commit(batch []*op) {
 		}
 		if err != nil {
 			_ = tx.Rollback()
-			finish(b.commitFailed(err))
+			err = b.commitFailed(err, b.metaWritten(f.id))
+			b.inflight.Store(nil)
+			finish(err)
+			b.wake()
 			return
 		}
+		b.published(f.id)
 		b.commits.Add(1)
 		b.committedOps.Add(int64(len(live)))
 		finish(nil)
@@ -253,24 +358,58 @@ func (b *backend) commit(batch []*op) {
 	}
 }
 
-// commitFailed maps a failed commit. Running out of space (ENOSPC, EDQUOT,
-// EFBIG from a file-size limit) can only happen while bbolt grows the file
-// or writes data pages, before the meta page that makes a commit visible:
-// nothing was applied and later commits may succeed once space is freed.
-// Any other failure (an fsync error above all) may have left the meta page
-// on disk or lost pages the kernel reported written: the outcome is unknown
-// and the store refuses further writes until it is reopened, as PostgreSQL
-// does after an fsync failure, while reads go on.
-func (b *backend) commitFailed(err error) error {
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EFBIG) ||
-		errors.Is(err, bberrors.ErrMaxSizeReached) || strings.HasPrefix(err.Error(), "file resize error") {
+// metaWritten reports whether bbolt wrote the meta page of transaction id
+// (new read transactions see it) before its commit failed.
+func (b *backend) metaWritten(id uint64) bool {
+	tx, err := b.bolt.Begin(false)
+	if err != nil {
+		return true // cannot tell: assume the worst
+	}
+	defer tx.Rollback()
+	return uint64(tx.ID()) >= id
+}
+
+// commitFailed maps a failed commit. bbolt commits in this order: grow the
+// file (truncate, fsync), write the data pages, fdatasync, write the meta
+// page, fdatasync. Running out of space while growing the file or writing
+// pages (ENOSPC, EDQUOT, EFBIG from a file-size limit) leaves the file as it
+// was: nothing applied, and later commits may succeed once space is freed.
+// Any other failure before the meta page (an fdatasync error of any kind,
+// ENOSPC included, an I/O error) also applied nothing, but the kernel may
+// have dropped pages it reported written: writes are refused until the
+// store is reopened, as PostgreSQL does after an fsync failure, while reads
+// of the last durable state go on. A failure after the meta page was written
+// (its fdatasync) leaves a state readers would see but that may not be on
+// disk: the outcome is unknown, and reads are refused too.
+func (b *backend) commitFailed(err error, metaWritten bool) error {
+	if !metaWritten && spaceBeforeWrite(err) {
 		b.cfg.Logger.Error("boltstore: commit failed: disk full; nothing applied", "path", b.cfg.Path, "err", err)
 		return fmt.Errorf("%w: boltstore %s: disk full, nothing written: %w", idem.ErrUnavailable, b.cfg.Path, err)
 	}
 	sticky := fmt.Errorf("%w: boltstore %s: writes disabled after a failed commit (reopen the store once the disk is healthy): %w", idem.ErrUnavailable, b.cfg.Path, err)
 	b.writeErr.CompareAndSwap(nil, &sticky)
-	b.cfg.Logger.Error("boltstore: commit failed; writes disabled until reopen", "path", b.cfg.Path, "err", err)
+	if !metaWritten {
+		b.cfg.Logger.Error("boltstore: commit failed before its meta page; nothing applied; writes disabled until reopen", "path", b.cfg.Path, "err", err)
+		return fmt.Errorf("%w: boltstore %s: commit failed, nothing applied: %w", idem.ErrUnavailable, b.cfg.Path, err)
+	}
+	unread := fmt.Errorf("%w: boltstore %s: reads refused: a commit failed after its meta page was written, so the current state may not be on disk (reopen the store once the disk is healthy): %w", idem.ErrUnavailable, b.cfg.Path, err)
+	b.readErr.CompareAndSwap(nil, &unread)
+	b.cfg.Logger.Error("boltstore: commit failed after its meta page; outcome unknown; reads and writes disabled until reopen", "path", b.cfg.Path, "err", err)
 	return fmt.Errorf("%w: boltstore %s: commit failed, it may or may not be on disk: %w", idem.ErrUnknownOutcome, b.cfg.Path, err)
+}
+
+// spaceBeforeWrite reports a commit error that bbolt met while growing the
+// file or writing pages for lack of space, before any fdatasync. bbolt
+// returns an fdatasync error as a bare errno and a page write error as an
+// *os.PathError "write"; a failed truncate is "file resize error: ..." (not
+// wrapped), its fsync "file sync error: ...".
+func spaceBeforeWrite(err error) bool {
+	if errors.Is(err, bberrors.ErrMaxSizeReached) || strings.HasPrefix(err.Error(), "file resize error") {
+		return true
+	}
+	var pe *os.PathError
+	return errors.As(err, &pe) && pe.Op == "write" &&
+		(errors.Is(pe.Err, syscall.ENOSPC) || errors.Is(pe.Err, syscall.EDQUOT) || errors.Is(pe.Err, syscall.EFBIG))
 }
 
 // ensureNamespace creates the namespace's buckets if the file lacks them.

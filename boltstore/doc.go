@@ -15,11 +15,19 @@
 // namespace bucket's persistent sequence, so they grow across expiry, purge,
 // delete and restarts. An expiry index lets Purge and the background sweeper
 // remove expired records in small transactions at a cost proportional to
-// what expired. The store fails closed: a damaged or truncated file is
-// refused at Open (ErrCorrupt, naming the file and the problem), a file
+// what expired; purging runs alongside claims and never removes a record
+// before its ExpiresAt.
+//
+// No answer depends on a commit that is not on disk: bbolt shows a commit to
+// readers when it writes the meta page, one fdatasync before it is durable,
+// and readers that would see such a commit for the key they read wait for
+// that fdatasync. The store fails closed: a damaged or truncated file is
+// refused at Open (ErrCorrupt, naming the file and the problem), a damaged
+// record met later is an error of its key alone (idem.ErrCorrupt), a file
 // locked by another process gives ErrInUse, a full disk fails the operation
-// with idem.ErrUnavailable and an fsync failure disables writes until the
-// store is reopened; reads keep working throughout.
+// with idem.ErrUnavailable, and an fdatasync failure of any kind disables
+// writes until the store is reopened (reads too, if bbolt had already
+// written the failed commit's meta page).
 //
 // bbolt reuses freed pages but never shrinks the file; Compact copies a
 // closed store into a packed file.

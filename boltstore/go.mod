@@ -15,6 +15,7 @@ require (
 replace github.com/idem-dev/idem => ../
 
 require (
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/idem-dev/idem/outboxtest v0.0.0
 	github.com/idem-dev/idem/storetest v0.0.0
 	go.uber.org/goleak v1.3.0

@@ -43,6 +43,22 @@ func Open(cfg Config) (*Store, error) {
 		stop: make(chan struct{}), loop: make(chan struct{}), sweep: make(chan struct{}),
 		spaces: map[string]bool{},
 	}
+	// What this process serves from now on must be on disk: a previous
+	// process may have died between bbolt's meta write and its fdatasync,
+	// leaving a commit in the page cache only.
+	if err := db.Sync(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("boltstore: open %s: %w: fdatasync: %w", cfg.Path, idem.ErrUnavailable, err)
+	}
+	tx, err := db.Begin(false)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("boltstore: open %s: %w: %w", cfg.Path, idem.ErrUnavailable, err)
+	}
+	b.durable.Store(uint64(tx.ID()))
+	_ = tx.Rollback()
+	first := make(chan struct{})
+	b.committed.Store(&first)
 	go b.run()
 	if cfg.SweepInterval > 0 {
 		go b.sweeper()
@@ -106,10 +122,12 @@ func (b *backend) close() error {
 
 // space is a namespace's buckets inside one transaction. In a write
 // transaction delta collects the changes to the per-state counts, written
-// once per commit by wtx.flush rather than once per operation.
+// once per commit by wtx.flush rather than once per operation, and written
+// collects the keys whose record the transaction puts or deletes.
 type space struct {
 	ns, r, x, p *bbolt.Bucket
 	delta       *[4]int64
+	written     map[string]struct{}
 }
 
 // wtx is a write transaction shared by the operations of one group commit.
@@ -127,6 +145,7 @@ func (w *wtx) space(name []byte) (space, error) {
 		return sp, err
 	}
 	sp.delta = new([4]int64)
+	sp.written = map[string]struct{}{}
 	if w.spaces == nil {
 		w.spaces = map[string]space{}
 	}
@@ -183,6 +202,7 @@ func (sp space) load(key []byte) (*rec, error) {
 // put stores r as the record of key, replacing old (nil if none) and keeping
 // the expiry and in-progress indexes and the counts in step.
 func (sp space) put(key []byte, old, r *rec) error {
+	sp.written[string(key)] = struct{}{}
 	if old == nil || old.expiresAt != r.expiresAt {
 		if old != nil {
 			if err := sp.x.Delete(expiryKey(old.expiresAt, key)); err != nil {
@@ -213,6 +233,7 @@ func (sp space) put(key []byte, old, r *rec) error {
 
 // del removes the record old of key and its index entries.
 func (sp space) del(key []byte, old *rec) error {
+	sp.written[string(key)] = struct{}{}
 	if err := sp.x.Delete(expiryKey(old.expiresAt, key)); err != nil {
 		return err
 	}
@@ -314,9 +335,9 @@ func (s *Store) begin(ctx context.Context) error {
 }
 
 // Claim implements idem.Store. A claim that finds the key completed, failed
-// or held is answered from a read transaction (a committed snapshot, so the
-// answer is one the store really held) without queueing a commit; only a
-// claim that may acquire goes through the commit loop, which decides again.
+// or held is answered from a read transaction on a durable snapshot (see
+// backend.view) without queueing a commit; only a claim that may acquire
+// goes through the commit loop, which decides again.
 func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
 	if err := idem.ValidateClaim(req); err != nil {
 		return idem.Claim{}, err
@@ -330,7 +351,7 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 		done bool
 		cerr error
 	)
-	err := s.b.bolt.View(func(tx *bbolt.Tx) error {
+	err := s.b.view(ctx, s.name, req.Key, func(tx *bbolt.Tx) error {
 		sp, err := spaceOf(tx, s.name)
 		if err != nil {
 			return err
@@ -593,12 +614,13 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 	})
 }
 
-// view runs fn in a read transaction on the namespace's buckets.
-func (s *Store) view(ctx context.Context, fn func(sp space, now int64) error) error {
+// view runs fn in a read transaction on the namespace's buckets. key is the
+// one record fn reads, or nil if it reads more (see backend.view).
+func (s *Store) view(ctx context.Context, key []byte, fn func(sp space, now int64) error) error {
 	if err := s.begin(ctx); err != nil {
 		return err
 	}
-	return s.b.bolt.View(func(tx *bbolt.Tx) error {
+	return s.b.view(ctx, s.name, key, func(tx *bbolt.Tx) error {
 		sp, err := spaceOf(tx, s.name)
 		if err != nil {
 			return err
@@ -607,13 +629,14 @@ func (s *Store) view(ctx context.Context, fn func(sp space, now int64) error) er
 	})
 }
 
-// Get implements idem.Store. It reads a committed (durable) snapshot.
+// Get implements idem.Store. It reads a durable snapshot: never one of a
+// commit whose fdatasync has not returned (see backend.view).
 func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
 	if err := idem.ValidateKey(key); err != nil {
 		return idem.Record{}, err
 	}
 	var out idem.Record
-	err := s.view(ctx, func(sp space, now int64) error {
+	err := s.view(ctx, key, func(sp space, now int64) error {
 		r, err := sp.load(key)
 		if err != nil {
 			return err
@@ -733,7 +756,7 @@ func (s *Store) ListInProgress(ctx context.Context, cursor string, limit int) ([
 		out  []idem.Record
 		next string
 	)
-	err = s.view(ctx, func(sp space, now int64) error {
+	err = s.view(ctx, nil, func(sp space, now int64) error {
 		c := sp.p.Cursor()
 		k, _ := c.First()
 		if len(after) > 0 {
@@ -776,7 +799,7 @@ func (s *Store) ListInProgress(ctx context.Context, cursor string, limit int) ([
 // index, so the cost is proportional to those).
 func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 	var st idem.Stats
-	err := s.view(ctx, func(sp space, now int64) error {
+	err := s.view(ctx, nil, func(sp space, now int64) error {
 		c := sp.counts()
 		cur := sp.x.Cursor()
 		for k, _ := cur.First(); k != nil && len(k) >= 8 && int64(binary.BigEndian.Uint64(k)) <= now; k, _ = cur.Next() {
@@ -797,7 +820,7 @@ func (s *Store) Stats(ctx context.Context) (idem.Stats, error) {
 // Ping implements idem.Pinger: the file answers a read and accepts writes
 // (it fails once a failed commit has disabled writes).
 func (s *Store) Ping(ctx context.Context) error {
-	if err := s.view(ctx, func(space, int64) error { return nil }); err != nil {
+	if err := s.view(ctx, nil, func(space, int64) error { return nil }); err != nil {
 		return err
 	}
 	return s.b.writeDisabled()

@@ -136,55 +136,6 @@ func TestClosed(t *testing.T) {
 	}
 }
 
-// An fsync or write error that is not "disk full" leaves the outcome unknown:
-// the operation fails with idem.ErrUnknownOutcome, later writes are refused
-// until the store is reopened, and reads go on. (The failure is injected just
-// before bbolt's Commit: bbolt's file I/O cannot be intercepted.)
-func TestFsyncFailureDisablesWrites(t *testing.T) {
-	ctx := context.Background()
-	s := openTemp(t, func(c *Config) { c.SweepInterval = -1 })
-	c, err := s.Claim(ctx, claimReq("before"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Complete(ctx, []byte("before"), c.Record.Token, []byte("ok")); err != nil {
-		t.Fatal(err)
-	}
-	s.b.beforeCommit = func(*bbolt.Tx) error { return &os.PathError{Op: "sync", Path: s.Path(), Err: syscall.EIO} }
-	_, err = s.Claim(ctx, claimReq("during"))
-	if !errors.Is(err, idem.ErrUnknownOutcome) || !errors.Is(err, syscall.EIO) {
-		t.Fatalf("claim during fsync failure: %v", err)
-	}
-	s.b.beforeCommit = nil
-	if _, err := s.Claim(ctx, claimReq("after")); !errors.Is(err, idem.ErrUnavailable) {
-		t.Fatalf("claim after fsync failure: %v", err)
-	}
-	if err := s.Ping(ctx); !errors.Is(err, idem.ErrUnavailable) {
-		t.Fatalf("ping after fsync failure: %v", err)
-	}
-	if r, err := s.Get(ctx, []byte("before")); err != nil || string(r.Result) != "ok" {
-		t.Fatalf("read after fsync failure: %+v %v", r, err)
-	}
-	if c, err := s.Claim(ctx, claimReq("before")); err != nil || c.Outcome != idem.OutcomeCompleted {
-		t.Fatalf("replay after fsync failure: %+v %v", c, err)
-	}
-	path := s.Path()
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s2, err := Open(Config{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	if _, err := s2.Get(ctx, []byte("during")); !errors.Is(err, idem.ErrNotFound) {
-		t.Fatalf("rolled-back claim is visible: %v", err)
-	}
-	if c, err := s2.Claim(ctx, claimReq("after")); err != nil || c.Outcome != idem.OutcomeAcquired {
-		t.Fatalf("claim after reopen: %+v %v", c, err)
-	}
-}
-
 // Every operation of a failed group commit fails; none is reported done.
 func TestGroupCommitFailsTogether(t *testing.T) {
 	ctx := context.Background()

@@ -597,12 +597,18 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// ClassifyError implements idem.ErrorClassifier. The memory store has no
+// driver: its own errors are idem's already (ErrCapacity, ErrClosed...) and
+// come back unchanged, as does anything idem.ClassifyError leaves alone.
+func (s *Store) ClassifyError(err error) error { return idem.ClassifyError(err) }
+
 var (
-	_ idem.Store          = (*Store)(nil)
-	_ idem.BatchClaimer   = (*Store)(nil)
-	_ idem.BatchCompleter = (*Store)(nil)
-	_ idem.Purger         = (*Store)(nil)
-	_ idem.Lister         = (*Store)(nil)
-	_ idem.Stater         = (*Store)(nil)
-	_ idem.Pinger         = (*Store)(nil)
+	_ idem.ErrorClassifier = (*Store)(nil)
+	_ idem.Store           = (*Store)(nil)
+	_ idem.BatchClaimer    = (*Store)(nil)
+	_ idem.BatchCompleter  = (*Store)(nil)
+	_ idem.Purger          = (*Store)(nil)
+	_ idem.Lister          = (*Store)(nil)
+	_ idem.Stater          = (*Store)(nil)
+	_ idem.Pinger          = (*Store)(nil)
 )

@@ -160,3 +160,16 @@ func FuzzKeyRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+func TestClassifyError(t *testing.T) {
+	s, err := memstore.New(memstore.Config{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, e := range []error{nil, idem.ErrCapacity, idem.ErrClosed, idem.ErrFenced, fmt.Errorf("%w: x", idem.ErrUnavailable)} {
+		if got := s.ClassifyError(e); got != e {
+			t.Fatalf("ClassifyError(%v) = %v, want it unchanged", e, got)
+		}
+	}
+}
