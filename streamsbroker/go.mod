@@ -1,0 +1,31 @@
+module github.com/idem-dev/idem/streamsbroker
+
+go 1.26.0
+
+require github.com/idem-dev/idem v0.0.0
+
+replace github.com/idem-dev/idem => ../
+
+require github.com/idem-dev/idem/internal/redisx v0.0.0
+
+replace github.com/idem-dev/idem/internal/redisx => ../internal/redisx
+
+replace github.com/idem-dev/idem/brokertest => ../brokertest
+
+require (
+	github.com/idem-dev/idem/brokertest v0.0.0-00010101000000-000000000000
+	github.com/redis/go-redis/v9 v9.23.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
+
+replace github.com/idem-dev/idem/e2etest => ../e2etest
+
+replace github.com/idem-dev/idem/pgstore => ../pgstore
+
+replace github.com/idem-dev/idem/storetest => ../storetest
