@@ -24,6 +24,7 @@ import (
 // otherwise re-send it on a new connection: a second entry without dedup);
 // a re-publish of the same id within the dedup window must add nothing.
 func TestLostPublishReplyIsNotResent(t *testing.T) {
+	t.Parallel()
 	srv := redistest.StartServer(t)
 	proxy := redistest.StartProxy(t, srv.Addr())
 	direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -76,6 +77,7 @@ func TestLostPublishReplyIsNotResent(t *testing.T) {
 // group are gone): the group is created again and a new message is
 // handled.
 func TestStartsWhileRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.StartServer(t)
 	srv.Stop()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond})
