@@ -2,9 +2,9 @@
 // adapter produces and consumes, so the consumer runtime and the shared
 // broker conformance suite (brokertest) work with any of them. The
 // adapters are membroker (in memory, in this module), natsbroker (NATS
-// JetStream), kafkabroker (Kafka, franz-go) and rabbitbroker (RabbitMQ,
-// amqp091-go), each its own module; the README's layout table lists them
-// as they are added.
+// JetStream), kafkabroker (Kafka, franz-go), rabbitbroker (RabbitMQ,
+// amqp091-go) and streamsbroker (Redis Streams, go-redis), each its own
+// module; the README's layout table lists them as they are added.
 package broker
 
 import (

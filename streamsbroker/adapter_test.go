@@ -38,6 +38,7 @@ func TestAdapter(t *testing.T) {
 		{"TermDeadLetter", testTermDeadLetter},
 		{"ForeignEntries", testForeignEntries},
 		{"GroupDeletedIsRecreated", testGroupRecreated},
+		{"Lag", testLag},
 	}
 	for _, target := range []string{"single", "cluster"} {
 		t.Run(target, func(t *testing.T) {
@@ -502,5 +503,43 @@ func testKeySlots(t *testing.T, c *redis.ClusterClient) {
 				t.Errorf("%s is in slot %d, its stream %s in %d", k, got, stream, want)
 			}
 		}
+	}
+}
+
+// testLag: Lag counts the group's unread and pending entries, before and
+// after the group exists, and after an XDEL makes Redis unsure of the lag.
+func testLag(t *testing.T, c redis.UniversalClient) {
+	stream := newStream(t, c)
+	p := newPub(t, c, nil)
+	publish(t, p, stream, "1", "2", "3", "4", "5")
+	s := newSub(t, c, stream, "g", func(cfg *streamsbroker.SubscriberConfig) { cfg.AckWait = time.Minute })
+	lag := func() int64 {
+		t.Helper()
+		n, err := s.Lag(bg(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := lag(); n != 5 {
+		t.Fatalf("lag before the group exists: %d, want 5", n)
+	}
+	got := fetch(t, s, 3, 10*time.Second)
+	if err := got[0].Acker.Ack(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := lag(); n != 4 {
+		t.Fatalf("lag with 2 unread and 2 pending: %d, want 4", n)
+	}
+	// An XDEL of an unread entry leaves Redis unable to tell the lag.
+	all, err := c.XRange(bg(t), stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.XDel(bg(t), stream, all[3].ID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := lag(); n != 3 {
+		t.Fatalf("lag after an XDEL of an unread entry: %d, want 3", n)
 	}
 }

@@ -22,7 +22,8 @@
 // the consumer runtime dead-letters a last delivery itself. Fetch also
 // trims what every group is done with (never an entry a group has pending
 // or has not read). Close hands the consumer's unsettled entries back to
-// the group at once. RedeliveryWindow is MaxDeliver x (AckWait +
+// the group at once. Lag (broker.LagReporter) counts the group's pending
+// and unread entries. RedeliveryWindow is MaxDeliver x (AckWait +
 // ClaimInterval). Every script's keys share the stream's cluster slot.
 // See docs/streamsbroker.md.
 package streamsbroker

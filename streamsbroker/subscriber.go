@@ -92,6 +92,48 @@ func (s *Subscriber) RedeliveryWindow() time.Duration { return s.cfg.RedeliveryW
 // delivery instead of handing it back (broker.DeliveryLimiter).
 func (s *Subscriber) MaxDeliveries() int { return max(s.cfg.MaxDeliver, 0) }
 
+// Lag implements broker.LagReporter: the group's entries not settled yet,
+// i.e. its pending entries (delivered, not acked) plus the entries it has
+// not read (XINFO GROUPS lag; counted with XRANGE from its last delivered
+// entry when Redis cannot tell, after an XDEL inside the range). Before the
+// group exists, every entry of the stream (or none with StartAtEnd).
+// Entries moved to the dead-letter stream are acked, so not counted.
+func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
+	groups, err := s.cfg.Client.XInfoGroups(ctx, s.cfg.Stream).Result()
+	if err != nil && !strings.HasPrefix(err.Error(), "ERR no such key") {
+		return 0, rediserr.Map(ctx, err, "streamsbroker: lag of "+s.cfg.Stream+"/"+s.cfg.Group, false)
+	}
+	for _, g := range groups {
+		if g.Name != s.cfg.Group {
+			continue
+		}
+		if g.Lag >= 0 {
+			return g.Pending + g.Lag, nil
+		}
+		unread := int64(0)
+		start := "(" + g.LastDeliveredID
+		for {
+			page, err := s.cfg.Client.XRangeN(ctx, s.cfg.Stream, start, "+", 1000).Result()
+			if err != nil {
+				return 0, rediserr.Map(ctx, err, "streamsbroker: lag of "+s.cfg.Stream+"/"+s.cfg.Group, false)
+			}
+			unread += int64(len(page))
+			if len(page) < 1000 {
+				return g.Pending + unread, nil
+			}
+			start = "(" + page[len(page)-1].ID
+		}
+	}
+	if s.cfg.StartAtEnd {
+		return 0, nil
+	}
+	n, err := s.cfg.Client.XLen(ctx, s.cfg.Stream).Result()
+	if err != nil {
+		return 0, rediserr.Map(ctx, err, "streamsbroker: lag of "+s.cfg.Stream, false)
+	}
+	return n, nil
+}
+
 // Fetch returns reclaimed entries when a reclaim is due (every
 // ClaimInterval), else new entries, waiting for the first one with a
 // blocking read of at most ClaimInterval at a time. It returns ctx's
@@ -440,4 +482,5 @@ func (a *acker) touch(ctx context.Context, idle int64) *redis.Cmd {
 var (
 	_ broker.Subscriber      = (*Subscriber)(nil)
 	_ broker.DeliveryLimiter = (*Subscriber)(nil)
+	_ broker.LagReporter     = (*Subscriber)(nil)
 )
