@@ -57,7 +57,7 @@ type backend struct {
 	// readUnsynced (benchmarks only) makes readers answer from snapshots
 	// whose fdatasync has not returned, as before readers waited: the
 	// baseline BenchmarkDuplicateUnderWrites compares against.
-	readUnsynced bool
+	readUnsynced atomic.Bool
 
 	mu     sync.Mutex
 	spaces map[string]bool // namespaces whose buckets exist
@@ -106,7 +106,7 @@ func (b *backend) view(ctx context.Context, name, key []byte, fn func(tx *bbolt.
 		if err != nil {
 			return fmt.Errorf("%w: boltstore %s: read: %w", idem.ErrUnavailable, b.cfg.Path, err)
 		}
-		if id := uint64(tx.ID()); id <= b.durable.Load() || b.readUnsynced || b.untouched(id, name, key) {
+		if id := uint64(tx.ID()); id <= b.durable.Load() || b.readUnsynced.Load() || b.untouched(id, name, key) {
 			err = fn(tx)
 			_ = tx.Rollback()
 			return err
