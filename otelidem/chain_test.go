@@ -32,7 +32,7 @@ type chain struct {
 	pub        broker.Publisher // the producer's and the handler's
 	sub        broker.Subscriber
 	topic      string
-	next       string                           // the topic the handler publishes to
+	next       string                             // the topic the handler publishes to
 	downstream func(t *testing.T) *broker.Message // the message the handler published
 }
 
