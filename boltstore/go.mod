@@ -3,7 +3,7 @@ module github.com/idem-dev/idem/boltstore
 go 1.26
 
 require (
-	github.com/idem-dev/idem v0.0.0
+	github.com/idem-dev/idem v0.1.0
 	go.etcd.io/bbolt v1.5.0
 )
 
@@ -12,15 +12,9 @@ require (
 	golang.org/x/sys v0.45.0 // indirect
 )
 
-replace github.com/idem-dev/idem => ../
-
 require (
 	github.com/hanwen/go-fuse/v2 v2.12.1
-	github.com/idem-dev/idem/outboxtest v0.0.0
-	github.com/idem-dev/idem/storetest v0.0.0
+	github.com/idem-dev/idem/outboxtest v0.1.0
+	github.com/idem-dev/idem/storetest v0.1.0
 	go.uber.org/goleak v1.3.0
 )
-
-replace github.com/idem-dev/idem/storetest => ../storetest
-
-replace github.com/idem-dev/idem/outboxtest => ../outboxtest

@@ -3,8 +3,6 @@ module github.com/idem-dev/idem/brokertest
 go 1.26
 
 require (
-	github.com/idem-dev/idem v0.0.0
+	github.com/idem-dev/idem v0.1.0
 	go.uber.org/goleak v1.3.0
 )
-
-replace github.com/idem-dev/idem => ../

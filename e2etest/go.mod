@@ -3,7 +3,7 @@ module github.com/idem-dev/idem/e2etest
 go 1.26.0
 
 require (
-	github.com/idem-dev/idem v0.0.0
+	github.com/idem-dev/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/goleak v1.3.0
 )
@@ -16,10 +16,4 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 )
 
-replace github.com/idem-dev/idem => ../
-
-require github.com/idem-dev/idem/pgstore v0.0.0
-
-replace github.com/idem-dev/idem/pgstore => ../pgstore
-
-replace github.com/idem-dev/idem/storetest => ../storetest
+require github.com/idem-dev/idem/pgstore v0.1.0

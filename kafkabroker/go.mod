@@ -3,12 +3,12 @@ module github.com/idem-dev/idem/kafkabroker
 go 1.26.0
 
 require (
-	github.com/idem-dev/idem v0.0.0
+	github.com/idem-dev/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0 // indirect
 )
 
 require (
-	github.com/idem-dev/idem/pgstore v0.0.0 // indirect
+	github.com/idem-dev/idem/pgstore v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -17,7 +17,7 @@ require (
 )
 
 require (
-	github.com/idem-dev/idem/brokertest v0.0.0
+	github.com/idem-dev/idem/brokertest v0.1.0
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/twmb/franz-go v1.22.3
@@ -27,14 +27,4 @@ require (
 	go.uber.org/goleak v1.3.0
 )
 
-replace github.com/idem-dev/idem => ../
-
-replace github.com/idem-dev/idem/brokertest => ../brokertest
-
-require github.com/idem-dev/idem/e2etest v0.0.0
-
-replace github.com/idem-dev/idem/e2etest => ../e2etest
-
-replace github.com/idem-dev/idem/pgstore => ../pgstore
-
-replace github.com/idem-dev/idem/storetest => ../storetest
+require github.com/idem-dev/idem/e2etest v0.1.0

@@ -2,7 +2,7 @@ module github.com/idem-dev/idem/natsbroker
 
 go 1.26.0
 
-require github.com/idem-dev/idem v0.0.0
+require github.com/idem-dev/idem v0.1.0
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
@@ -22,26 +22,16 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 )
 
-replace github.com/idem-dev/idem => ../
-
 require (
-	github.com/idem-dev/idem/brokertest v0.0.0
+	github.com/idem-dev/idem/brokertest v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
 	go.uber.org/goleak v1.3.0
 )
 
-replace github.com/idem-dev/idem/brokertest => ../brokertest
-
-require github.com/idem-dev/idem/pgstore v0.0.0
-
-replace github.com/idem-dev/idem/pgstore => ../pgstore
-
-replace github.com/idem-dev/idem/storetest => ../storetest
+require github.com/idem-dev/idem/pgstore v0.1.0
 
 require (
-	github.com/idem-dev/idem/e2etest v0.0.0
+	github.com/idem-dev/idem/e2etest v0.1.0
 	github.com/nats-io/nats-server/v2 v2.15.3
 )
-
-replace github.com/idem-dev/idem/e2etest => ../e2etest

@@ -3,7 +3,7 @@ module github.com/idem-dev/idem/otelidem
 go 1.26.0
 
 require (
-	github.com/idem-dev/idem v0.0.0
+	github.com/idem-dev/idem v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
@@ -25,17 +25,7 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 )
 
-replace github.com/idem-dev/idem => ../
-
 require (
-	github.com/idem-dev/idem/natsbroker v0.0.0
+	github.com/idem-dev/idem/natsbroker v0.1.0
 	github.com/nats-io/nats.go v1.55.0
-)
-
-replace (
-	github.com/idem-dev/idem/brokertest => ../brokertest
-	github.com/idem-dev/idem/e2etest => ../e2etest
-	github.com/idem-dev/idem/natsbroker => ../natsbroker
-	github.com/idem-dev/idem/pgstore => ../pgstore
-	github.com/idem-dev/idem/storetest => ../storetest
 )

@@ -4,12 +4,12 @@ go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idem-dev/idem v0.0.0
-	github.com/idem-dev/idem/e2etest v0.0.0
-	github.com/idem-dev/idem/kafkabroker v0.0.0
-	github.com/idem-dev/idem/mysqlstore v0.0.0
-	github.com/idem-dev/idem/natsbroker v0.0.0
-	github.com/idem-dev/idem/pgstore v0.0.0
+	github.com/idem-dev/idem v0.1.0
+	github.com/idem-dev/idem/e2etest v0.1.0
+	github.com/idem-dev/idem/kafkabroker v0.1.0
+	github.com/idem-dev/idem/mysqlstore v0.1.0
+	github.com/idem-dev/idem/natsbroker v0.1.0
+	github.com/idem-dev/idem/pgstore v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/nats-io/nats.go v1.55.0
@@ -38,16 +38,4 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
-)
-
-replace (
-	github.com/idem-dev/idem => ../
-	github.com/idem-dev/idem/brokertest => ../brokertest
-	github.com/idem-dev/idem/e2etest => ../e2etest
-	github.com/idem-dev/idem/kafkabroker => ../kafkabroker
-	github.com/idem-dev/idem/mysqlstore => ../mysqlstore
-	github.com/idem-dev/idem/natsbroker => ../natsbroker
-	github.com/idem-dev/idem/outboxtest => ../outboxtest
-	github.com/idem-dev/idem/pgstore => ../pgstore
-	github.com/idem-dev/idem/storetest => ../storetest
 )

@@ -2,7 +2,7 @@ module github.com/idem-dev/idem/pgstore
 
 go 1.26
 
-require github.com/idem-dev/idem v0.0.0
+require github.com/idem-dev/idem v0.1.0
 
 require (
 	github.com/anishathalye/porcupine v1.3.1 // indirect
@@ -12,16 +12,10 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 )
 
-replace github.com/idem-dev/idem => ../
-
 require (
-	github.com/idem-dev/idem/outboxtest v0.0.0
-	github.com/idem-dev/idem/storetest v0.0.0
+	github.com/idem-dev/idem/outboxtest v0.1.0
+	github.com/idem-dev/idem/storetest v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/jackc/puddle/v2 v2.2.3
 	go.uber.org/goleak v1.3.0
 )
-
-replace github.com/idem-dev/idem/storetest => ../storetest
-
-replace github.com/idem-dev/idem/outboxtest => ../outboxtest

@@ -3,7 +3,7 @@ module github.com/idem-dev/idem/promidem
 go 1.26.0
 
 require (
-	github.com/idem-dev/idem v0.0.0
+	github.com/idem-dev/idem v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -20,5 +20,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/idem-dev/idem => ../

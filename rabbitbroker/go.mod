@@ -3,18 +3,18 @@ module github.com/idem-dev/idem/rabbitbroker
 go 1.26.0
 
 require (
-	github.com/idem-dev/idem v0.0.0
-	github.com/idem-dev/idem/brokertest v0.0.0
+	github.com/idem-dev/idem v0.1.0
+	github.com/idem-dev/idem/brokertest v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
 require (
-	github.com/idem-dev/idem/e2etest v0.0.0-00010101000000-000000000000
+	github.com/idem-dev/idem/e2etest v0.1.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 )
 
 require (
-	github.com/idem-dev/idem/pgstore v0.0.0 // indirect
+	github.com/idem-dev/idem/pgstore v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.13.0 // indirect
@@ -22,13 +22,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/idem-dev/idem => ../
-
-replace github.com/idem-dev/idem/brokertest => ../brokertest
-
-replace github.com/idem-dev/idem/pgstore => ../pgstore
-
-replace github.com/idem-dev/idem/storetest => ../storetest
-
-replace github.com/idem-dev/idem/e2etest => ../e2etest

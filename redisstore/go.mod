@@ -2,7 +2,7 @@ module github.com/idem-dev/idem/redisstore
 
 go 1.26.0
 
-require github.com/idem-dev/idem v0.0.0
+require github.com/idem-dev/idem v0.1.0
 
 require (
 	github.com/anishathalye/porcupine v1.3.1 // indirect
@@ -11,16 +11,10 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 )
 
-replace github.com/idem-dev/idem => ../
-
 require (
-	github.com/idem-dev/idem/storetest v0.0.0
+	github.com/idem-dev/idem/storetest v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.uber.org/goleak v1.3.0
 )
 
-replace github.com/idem-dev/idem/storetest => ../storetest
-
-require github.com/idem-dev/idem/internal/redisx v0.0.0
-
-replace github.com/idem-dev/idem/internal/redisx => ../internal/redisx
+require github.com/idem-dev/idem/internal/redisx v0.1.0

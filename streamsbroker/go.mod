@@ -2,26 +2,20 @@ module github.com/idem-dev/idem/streamsbroker
 
 go 1.26.0
 
-require github.com/idem-dev/idem v0.0.0
+require github.com/idem-dev/idem v0.1.0
 
-replace github.com/idem-dev/idem => ../
-
-require github.com/idem-dev/idem/internal/redisx v0.0.0
-
-replace github.com/idem-dev/idem/internal/redisx => ../internal/redisx
-
-replace github.com/idem-dev/idem/brokertest => ../brokertest
+require github.com/idem-dev/idem/internal/redisx v0.1.0
 
 require (
-	github.com/idem-dev/idem/brokertest v0.0.0
-	github.com/idem-dev/idem/e2etest v0.0.0
+	github.com/idem-dev/idem/brokertest v0.1.0
+	github.com/idem-dev/idem/e2etest v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.uber.org/goleak v1.3.0
 )
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/idem-dev/idem/pgstore v0.0.0 // indirect
+	github.com/idem-dev/idem/pgstore v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.13.0 // indirect
@@ -31,9 +25,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/idem-dev/idem/e2etest => ../e2etest
-
-replace github.com/idem-dev/idem/pgstore => ../pgstore
-
-replace github.com/idem-dev/idem/storetest => ../storetest

@@ -4,11 +4,11 @@ go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idem-dev/idem v0.0.0
-	github.com/idem-dev/idem/boltstore v0.0.0
-	github.com/idem-dev/idem/mysqlstore v0.0.0
-	github.com/idem-dev/idem/pgstore v0.0.0
-	github.com/idem-dev/idem/redisstore v0.0.0
+	github.com/idem-dev/idem v0.1.0
+	github.com/idem-dev/idem/boltstore v0.1.0
+	github.com/idem-dev/idem/mysqlstore v0.1.0
+	github.com/idem-dev/idem/pgstore v0.1.0
+	github.com/idem-dev/idem/redisstore v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
@@ -27,14 +27,4 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-)
-
-replace (
-	github.com/idem-dev/idem => ../../
-	github.com/idem-dev/idem/boltstore => ../../boltstore
-	github.com/idem-dev/idem/mysqlstore => ../../mysqlstore
-	github.com/idem-dev/idem/outboxtest => ../../outboxtest
-	github.com/idem-dev/idem/pgstore => ../../pgstore
-	github.com/idem-dev/idem/redisstore => ../../redisstore
-	github.com/idem-dev/idem/storetest => ../../storetest
 )
