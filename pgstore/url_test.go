@@ -103,3 +103,17 @@ func TestFromURLOpenMigrate(t *testing.T) {
 		t.Fatalf("Migrate on a closed port: %v", err)
 	}
 }
+
+// TestFromURLEnvironment: what the URL leaves out comes from the libpq
+// environment variables, as pgx reads them.
+func TestFromURLEnvironment(t *testing.T) {
+	t.Setenv("PGHOST", "db.from.env")
+	t.Setenv("PGAPPNAME", "from-env")
+	c, err := pgstore.FromURL("postgres:///orders?namespace=n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pool.ConnConfig.Host != "db.from.env" || c.Pool.ConnConfig.RuntimeParams["application_name"] != "from-env" || c.Store.Namespace != "n" {
+		t.Fatalf("host %q, params %v", c.Pool.ConnConfig.Host, c.Pool.ConnConfig.RuntimeParams)
+	}
+}
