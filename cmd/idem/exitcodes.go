@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -63,16 +64,24 @@ func exitCode(err error) int {
 	return exitError
 }
 
-// report prints err (if any) and returns its exit code.
-func report(err error, stderr io.Writer) int {
+// report prints err (if any) on stderr, as {"error": ..., "exit": N} with
+// --json, and returns its exit code.
+func report(err error, stderr io.Writer, asJSON bool) int {
 	code := exitCode(err)
 	var ee *exitErr
-	if errors.As(err, &ee) && ee.err == errSilent {
+	if err == nil || errors.As(err, &ee) && ee.err == errSilent {
 		return code
 	}
-	if err != nil {
-		fmt.Fprintln(stderr, "idem:", strings.TrimPrefix(err.Error(), "idem: "))
+	msg := strings.TrimPrefix(err.Error(), "idem: ")
+	if asJSON {
+		b, _ := json.Marshal(struct {
+			Error string `json:"error"`
+			Exit  int    `json:"exit"`
+		}{msg, code})
+		fmt.Fprintf(stderr, "%s\n", b)
+		return code
 	}
+	fmt.Fprintln(stderr, "idem:", msg)
 	return code
 }
 

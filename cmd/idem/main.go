@@ -33,5 +33,9 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	root := newRoot(stdout, stderr)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
-	return report(err, stderr)
+	asJSON := false
+	if f := root.PersistentFlags().Lookup("json"); f != nil {
+		asJSON = f.Value.String() == "true"
+	}
+	return report(err, stderr, asJSON)
 }

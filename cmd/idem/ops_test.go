@@ -208,3 +208,14 @@ func TestID(t *testing.T) {
 		t.Fatalf("id parse fixed: %d %q", code, out)
 	}
 }
+
+func TestErrorsAsJSON(t *testing.T) {
+	code, out, errs := cli(t, "--store", "bolt:"+filepath.Join(t.TempDir(), "none.db"), "--json", "inspect", "k")
+	var e struct {
+		Error string `json:"error"`
+		Exit  int    `json:"exit"`
+	}
+	if code != exitUnavailable || out != "" || json.Unmarshal([]byte(errs), &e) != nil || e.Exit != exitUnavailable || !strings.Contains(e.Error, "no such file") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}

@@ -31,8 +31,8 @@ const envAnnotation = "idem_env"
 // bindEnv makes flag name of fs default to the environment variable env
 // when it is not given on the command line, and says so in its usage.
 // Commands added to the root (serve, proxy) use it for their own flags; the
-// root's PersistentPreRunE applies it, so a subcommand must not define its
-// own PersistentPreRunE.
+// root's PersistentPreRunE applies it (before any hook of the subcommand's:
+// cobra.EnableTraverseRunHooks).
 func bindEnv(fs *pflag.FlagSet, name, env string) {
 	f := fs.Lookup(name)
 	if f == nil {
@@ -72,6 +72,9 @@ func applyEnv(cmd *cobra.Command) error {
 }
 
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	// Every command's persistent pre-run hooks run, the root's first (it
+	// reads the environment), even when a subcommand has its own.
+	cobra.EnableTraverseRunHooks = true
 	g := &globals{stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
 		Use:   "idem",
