@@ -29,7 +29,7 @@ func (s *Store) ForceRelease(ctx context.Context, key []byte, cause string) erro
 	var sb strings.Builder
 	sb.WriteString("UPDATE ")
 	sb.WriteString(l.table)
-	sb.WriteString(" SET ")
+	sb.WriteString(forcePK + " SET ")
 	releaseOp(cause).set(&sb)
 	sb.WriteString(", updated_at = " + nowUS + " WHERE ")
 	s.pk(&sb, l)
