@@ -1,6 +1,6 @@
-// Command idem is idem's command-line tool: the demo and the operations
-// commands (inspect, keys, evict, release, gc, migrate, stats, id) on any
-// store named by a URL. Other commands add themselves to the tree from
+// Command idem is idem's command-line tool: the demo, the HTTP API (serve),
+// the Idempotency-Key proxy (proxy) and the operations commands (inspect,
+// keys, evict, release, gc, migrate, stats, id) on any store named by a URL. Other commands add themselves to the tree from
 // their own files (see subcommands in root.go).
 //
 // Every command takes --store URL (env IDEM_STORE; default the embedded file
