@@ -322,25 +322,21 @@ func (m *Middleware) first(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	resp := response{status: c.status, header: c.header, body: c.buf.Bytes()}
 	var enc []byte
+	if !c.streaming {
+		enc = resp.encode()
+	}
 	switch {
 	case m.cfg.Retryable(c.status):
 		if err := held.Release(ctx, fmt.Errorf("httpidem: handler answered %d", c.status)); err != nil {
 			m.log.Warn("httpidem: release failed; the key frees when its lease lapses", "status", c.status, "err", err)
 		}
-	case !c.streaming:
-		if enc = resp.encode(); len(enc) <= idem.MaxResultLen {
-			break
-		}
-		fallthrough
-	default:
+	case enc == nil || len(enc) > idem.MaxResultLen:
 		// Done but too large to store: never run it again.
 		err := held.Release(ctx, idem.Permanent(fmt.Errorf("httpidem: response of status %d too large to store", c.status)))
 		if !errors.Is(err, idem.ErrFailed) {
 			m.log.Warn("httpidem: marking a key whose response is too large failed", "err", err)
 		}
-		enc = nil
-	}
-	if enc != nil {
+	default:
 		if err := held.Complete(ctx, enc); err != nil {
 			m.log.Warn("httpidem: response not recorded", "err", err)
 		}

@@ -304,6 +304,24 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	}
 }
 
+// A completion the store refuses at first is retried before the answer
+// goes out: the client gets it once, and repeats replay it.
+func TestCompletionRetriedWhileStoreFlaps(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	up := &counter{}
+	url := serve(t, httpidem.Config{Store: fs, Lease: 5 * time.Second}, up)
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{Err: idem.ErrUnavailable, Times: 2})
+	if a := send(t, "POST", url+"/x", `"k"`, "b"); a.code != 201 {
+		t.Fatalf("first: %d %s", a.code, a.body)
+	}
+	if n := fs.Calls(faultstore.OpComplete); n < 3 {
+		t.Fatalf("%d Complete calls: the fault did not hit the completion", n)
+	}
+	if a := send(t, "POST", url+"/x", `"k"`, "b"); a.code != 201 || a.hdr.Get(httpidem.ReplayHeader) != "true" || up.n("k") != 1 {
+		t.Fatalf("repeat: %d %v, %d runs", a.code, a.hdr, up.n("k"))
+	}
+}
+
 // A response too large to store reaches its client whole; the key is
 // marked failed so the request never runs again.
 func TestResponseTooLargeToStore(t *testing.T) {
