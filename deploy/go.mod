@@ -2,7 +2,7 @@ module github.com/idem-dev/idem/deploy
 
 go 1.26.0
 
-require github.com/idem-dev/idem v0.0.0
+require github.com/idem-dev/idem v0.1.0
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -48,10 +48,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-replace github.com/idem-dev/idem => ../
-
 require (
-	github.com/idem-dev/idem/promidem v0.0.0
+	github.com/idem-dev/idem/promidem v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
@@ -109,5 +107,3 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260825221802-da73d73af1c5 // indirect
 	google.golang.org/grpc v1.83.2 // indirect
 )
-
-replace github.com/idem-dev/idem/promidem => ../promidem
