@@ -54,3 +54,35 @@ func TestTraceRoundTrip(t *testing.T) {
 		t.Fatal("InjectTrace without a trace in ctx changed the message")
 	}
 }
+
+// FuzzExtractTrace feeds arbitrary traceparent/tracestate headers (the
+// only message headers the core decodes): an invalid traceparent is
+// ignored, a valid one reaches the handler's context unchanged, and
+// injecting it into a message without one round-trips.
+func FuzzExtractTrace(f *testing.F) {
+	f.Add("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "congo=t61rcWkgMzE")
+	f.Add("00-00000000000000000000000000000000-00f067aa0ba902b7-01", "")
+	f.Add("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "")
+	f.Add("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "a=\x00b")
+	f.Add("", "\xff\xfe")
+	f.Fuzz(func(t *testing.T, tp, ts string) {
+		m := &broker.Message{Headers: map[string]string{broker.HeaderTraceParent: tp, broker.HeaderTraceState: ts}}
+		got, ok := broker.TraceFromContext(broker.ExtractTrace(context.Background(), m))
+		if ok != broker.ValidTraceParent(tp) {
+			t.Fatalf("ExtractTrace(%q) took it: %v, valid: %v", tp, ok, !ok)
+		}
+		if !ok {
+			return
+		}
+		if got.TraceParent != tp || got.TraceState != ts {
+			t.Fatalf("extracted %+v from %q %q", got, tp, ts)
+		}
+		if id := got.TraceID(); len(id) != 32 {
+			t.Fatalf("TraceID %q of a valid traceparent", id)
+		}
+		out := broker.InjectTrace(broker.ContextWithTrace(context.Background(), got), &broker.Message{})
+		if out.Headers[broker.HeaderTraceParent] != tp || (ts != "" && out.Headers[broker.HeaderTraceState] != ts) {
+			t.Fatalf("injected %v, want %q %q", out.Headers, tp, ts)
+		}
+	})
+}

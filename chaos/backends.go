@@ -1,0 +1,185 @@
+package chaos
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/chaos/internal/remotestore"
+	"github.com/idem-dev/idem/kafkabroker"
+	"github.com/idem-dev/idem/mysqlstore"
+	"github.com/idem-dev/idem/natsbroker"
+	"github.com/idem-dev/idem/pgstore"
+	"github.com/idem-dev/idem/redisstore"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+)
+
+func pgURL(addr, db string) string {
+	return "postgres://postgres@" + addr + "/" + db + "?sslmode=disable&connect_timeout=5"
+}
+
+func newPool(ctx context.Context, url string, max int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = max
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+func mysqlDSN(addr, db string) string {
+	c := mysql.NewConfig()
+	c.User, c.Net, c.Addr, c.DBName = "root", "tcp", addr, db
+	c.Timeout = 5 * time.Second
+	return c.FormatDSN()
+}
+
+// storeConn is an open store and what must be closed with it.
+type storeConn struct {
+	store idem.Store
+	pool  *pgxpool.Pool  // pg: the pool the store uses (the tx effect shares it)
+	pgs   *pgstore.Store // pg
+	db    *sql.DB        // mysql
+	close func()
+}
+
+// openStore opens spec's store at addr (the proxy's address for workers,
+// the server's own for the harness's checks).
+func openStore(ctx context.Context, spec Spec, addr string) (*storeConn, error) {
+	ss := spec.Store
+	switch ss.Kind {
+	case "pg":
+		pool, err := newPool(ctx, pgURL(addr, ss.DBName), 24)
+		if err != nil {
+			return nil, err
+		}
+		st, err := pgstore.New(pgstore.Config{Pool: pool, Schema: ss.Name, Table: "idem_records", Logger: quiet()})
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		return &storeConn{store: st, pool: pool, pgs: st, close: func() { st.Close(); pool.Close() }}, nil
+	case "redis":
+		cl := redis.NewClient(&redis.Options{Addr: addr})
+		st, err := redisstore.New(ctx, redisstore.Config{Client: cl, Prefix: ss.Name + ":", CloseClient: true, Logger: quiet()})
+		if err != nil {
+			cl.Close()
+			return nil, err
+		}
+		return &storeConn{store: st, close: func() { st.Close() }}, nil
+	case "bolt":
+		cl := remotestore.Dial(addr, 10*time.Second)
+		return &storeConn{store: cl, close: func() { cl.Close() }}, nil
+	case "mysql":
+		db, err := sql.Open("mysql", mysqlDSN(addr, ss.DBName))
+		if err != nil {
+			return nil, err
+		}
+		db.SetMaxOpenConns(24)
+		st, err := mysqlstore.Open(ctx, mysqlstore.Config{DB: db, Table: ss.Name, Logger: quiet()})
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		return &storeConn{store: st, db: db, close: func() { st.Close(); db.Close() }}, nil
+	}
+	return nil, fmt.Errorf("unknown store %q", ss.Kind)
+}
+
+// migrateStore creates the cell's record table (pg, mysql) at addr.
+func migrateStore(ctx context.Context, spec Spec, addr string) error {
+	ss := spec.Store
+	switch ss.Kind {
+	case "pg":
+		pool, err := newPool(ctx, pgURL(addr, ss.DBName), 2)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ss.Name); err != nil {
+			return err
+		}
+		return pgstore.Migrate(ctx, pgstore.Config{Pool: pool, Schema: ss.Name, Table: "idem_records"})
+	case "mysql":
+		db, err := sql.Open("mysql", mysqlDSN(addr, ""))
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+ss.DBName); err != nil {
+			return err
+		}
+		db2, err := sql.Open("mysql", mysqlDSN(addr, ss.DBName))
+		if err != nil {
+			return err
+		}
+		defer db2.Close()
+		return mysqlstore.Migrate(ctx, mysqlstore.Config{DB: db2, Table: ss.Name})
+	}
+	return nil
+}
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// brokerConn is a connection to the cell's broker.
+type brokerConn struct {
+	kind    string
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	brokers []string
+	log     *slog.Logger
+}
+
+func openBroker(ctx context.Context, bs BrokerSpec, log *slog.Logger) (*brokerConn, error) {
+	b := &brokerConn{kind: bs.Kind, brokers: bs.Brokers, log: log}
+	switch bs.Kind {
+	case "nats":
+		nc, err := nats.Connect(bs.URL, nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond),
+			nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		b.nc, b.js = nc, js
+	case "kafka":
+	default:
+		return nil, fmt.Errorf("unknown broker %q", bs.Kind)
+	}
+	return b, nil
+}
+
+func (b *brokerConn) subscriber(ctx context.Context, bs BrokerSpec, t Timing) (broker.Subscriber, error) {
+	if b.kind == "nats" {
+		return natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{JS: b.js, Stream: bs.Stream, Durable: bs.Group,
+			FilterSubject: bs.Topic, AckWait: time.Duration(t.AckWait), Logger: b.log})
+	}
+	return kafkabroker.NewSubscriber(kafkabroker.SubscriberConfig{Brokers: b.brokers, Group: bs.Group,
+		Topics: []string{bs.Topic}, SessionTimeout: time.Duration(t.SessionTimeout), Logger: b.log})
+}
+
+// publisher: dedup false turns JetStream's Nats-Msg-Id dedup off (the
+// producer's duplicates must reach the consumers, as after the window).
+func (b *brokerConn) publisher(dedup bool) (broker.Publisher, error) {
+	if b.kind == "nats" {
+		return natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: b.js, NoDedup: !dedup, Logger: b.log})
+	}
+	return kafkabroker.NewPublisher(kafkabroker.PublisherConfig{Brokers: b.brokers, Logger: b.log})
+}
+
+func (b *brokerConn) close() {
+	if b.nc != nil {
+		_ = b.nc.Drain()
+	}
+}

@@ -1,0 +1,205 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idem-dev/idem/consumer"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// brokerAdmin is the harness's side of the broker: topics, the
+// dead-letter destination's contents, and whether the consumers' backlog
+// is settled.
+type brokerAdmin struct {
+	*brokerConn
+	bs BrokerSpec
+	kc *kgo.Client
+	ka *kadm.Client
+}
+
+func newBrokerAdmin(ctx context.Context, bs BrokerSpec) (*brokerAdmin, error) {
+	b, err := openBroker(ctx, bs, quiet())
+	if err != nil {
+		return nil, err
+	}
+	a := &brokerAdmin{brokerConn: b, bs: bs}
+	if bs.Kind == "kafka" {
+		kc, err := kgo.NewClient(kgo.SeedBrokers(bs.Brokers...), kgo.RetryTimeout(30*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		a.kc, a.ka = kc, kadm.NewClient(kc)
+	}
+	return a, nil
+}
+
+func (a *brokerAdmin) close() {
+	if a.kc != nil {
+		a.kc.Close()
+	}
+	a.brokerConn.close()
+}
+
+// setup makes the cell's stream (NATS: one stream holding the topic and
+// the dead-letter subject) or topics (Kafka: 6 partitions each).
+func (a *brokerAdmin) setup(ctx context.Context) error {
+	if a.kind == "nats" {
+		_, err := a.js.CreateStream(ctx, jetstream.StreamConfig{Name: a.bs.Stream, Subjects: []string{a.bs.Topic, a.bs.DLQ},
+			Storage: jetstream.FileStorage, Replicas: 1})
+		return err
+	}
+	res, err := a.ka.CreateTopics(ctx, 6, 1, nil, a.bs.Topic, a.bs.DLQ)
+	if err != nil {
+		return err
+	}
+	return res.Error()
+}
+
+// deadLetters reads the whole dead-letter destination: original id ->
+// copies.
+func (a *brokerAdmin) deadLetters(ctx context.Context) (map[string]int, error) {
+	out := map[string]int{}
+	err := a.readDeadLetters(ctx, func(h func(string) string) { out[h(consumer.HeaderOriginalID)]++ })
+	return out, err
+}
+
+// deadLetterReasons reads the dead-letter destination: original id ->
+// the reason it was dead-lettered.
+func (a *brokerAdmin) deadLetterReasons(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	err := a.readDeadLetters(ctx, func(h func(string) string) { out[h(consumer.HeaderOriginalID)] = h(consumer.HeaderDeadLetterReason) })
+	return out, err
+}
+
+// readDeadLetters calls each with a header getter for every message on the
+// dead-letter destination, reading it to its end.
+func (a *brokerAdmin) readDeadLetters(ctx context.Context, each func(header func(string) string)) error {
+	if a.kind == "nats" {
+		c, err := a.js.OrderedConsumer(ctx, a.bs.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{a.bs.DLQ}})
+		if err != nil {
+			return err
+		}
+		for {
+			batch, err := c.Fetch(500, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				return err
+			}
+			n := 0
+			for m := range batch.Messages() {
+				each(m.Headers().Get)
+				n++
+			}
+			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			if n > 0 {
+				continue
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.NumPending == 0 {
+				return nil
+			}
+		}
+	}
+	ends, err := a.ka.ListEndOffsets(ctx, a.bs.DLQ)
+	if err != nil {
+		return err
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	if len(want) == 0 {
+		return nil
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(a.bs.Brokers...), kgo.ConsumeTopics(a.bs.DLQ),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("reading %s: %w (%d partitions not read to the end)", a.bs.DLQ, err, len(want))
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			each(func(name string) string {
+				for _, h := range r.Headers {
+					if h.Key == name {
+						return string(h.Value)
+					}
+				}
+				return ""
+			})
+			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return nil
+}
+
+// dlqCount is how many messages the dead-letter destination holds.
+func (a *brokerAdmin) dlqCount(ctx context.Context) (int, error) {
+	if a.kind == "nats" {
+		s, err := a.js.Stream(ctx, a.bs.Stream)
+		if err != nil {
+			return 0, err
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(a.bs.DLQ))
+		if err != nil {
+			return 0, err
+		}
+		return int(info.State.Subjects[a.bs.DLQ]), nil
+	}
+	ends, err := a.ka.ListEndOffsets(ctx, a.bs.DLQ)
+	if err != nil {
+		return 0, err
+	}
+	n := int64(0)
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return int(n), nil
+}
+
+// idle reports whether the consumers' group has nothing left: nothing
+// pending or waiting for an ack (NATS), no lag (Kafka).
+func (a *brokerAdmin) idle(ctx context.Context) (bool, string, error) {
+	if a.kind == "nats" {
+		c, err := a.js.Consumer(ctx, a.bs.Stream, a.bs.Group)
+		if err != nil {
+			return false, "", err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		return info.NumPending == 0 && info.NumAckPending == 0,
+			fmt.Sprintf("%d pending, %d waiting for an ack, %d redelivered", info.NumPending, info.NumAckPending, info.NumRedelivered), nil
+	}
+	lags, err := a.ka.Lag(ctx, a.bs.Group)
+	if err != nil {
+		return false, "", err
+	}
+	l, ok := lags[a.bs.Group]
+	if !ok {
+		return false, "no group yet", nil
+	}
+	if l.Error() != nil {
+		return false, "", l.Error()
+	}
+	total := l.Lag.Total()
+	return total == 0, fmt.Sprintf("lag %d", total), nil
+}

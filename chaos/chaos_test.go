@@ -1,0 +1,135 @@
+package chaos_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/chaos"
+)
+
+func TestMain(m *testing.M) {
+	chaos.MaybeWorker()
+	os.Exit(m.Run())
+}
+
+// ciCells: every scenario once, spread over the embedded store
+// (bolt, in a store-server process), PostgreSQL and Redis, and over NATS
+// and Kafka (kfake in this process, reached over TCP).
+var ciCells = []chaos.Cell{
+	{Scenario: "kill", Store: "pg", Broker: "nats"},
+	{Scenario: "crash-after-claim", Store: "bolt", Broker: "kafka"},
+	{Scenario: "crash-after-effect", Store: "redis", Broker: "nats"},
+	{Scenario: "crash-after-complete", Store: "pg", Broker: "kafka"},
+	{Scenario: "crash-after-publish", Store: "bolt", Broker: "nats"},
+	{Scenario: "stall", Store: "redis", Broker: "kafka"},
+	{Scenario: "store-restart", Store: "pg", Broker: "nats"},
+	{Scenario: "broker-restart", Store: "redis", Broker: "kafka"},
+	{Scenario: "proxy", Store: "bolt", Broker: "nats"},
+	{Scenario: "partition", Store: "pg", Broker: "kafka"},
+	// On NATS this cell loses messages until issue 11.1 lands (a store
+	// outage spends JetStream's MaxDeliver): TestOutageNATS.
+	{Scenario: "outage", Store: "redis", Broker: "kafka"},
+	{Scenario: "clock", Store: "bolt", Broker: "kafka"},
+	{Scenario: "poison", Store: "pg", Broker: "nats"},
+}
+
+// workerBinary builds the harness command without the race detector for
+// the worker processes (a race-instrumented worker is several times
+// slower; the harness itself runs in this, instrumented, test process).
+func workerBinary(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "idem-chaos")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/idem-chaos")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go build ./cmd/idem-chaos: %v\n%s", err, stderr.String())
+	}
+	return out
+}
+
+type logWriter struct{ t *testing.T }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestShortPass is CI's chaos pass: each scenario once (SIGKILLs, the
+// four crash points, a stall past the lease, store and broker restarts,
+// proxy faults, a partition, an outage longer than every retry and
+// delivery limit, clock steps, poison messages) on real processes, with
+// 1,500 messages per cell, 20% published twice. It fails on any duplicate
+// effect, any loss, any poison message not dead-lettered exactly once,
+// any key left in progress, and any fault that hit no in-flight work.
+func TestShortPass(t *testing.T) {
+	cfg := chaos.Config{
+		Cells:        ciCells,
+		Messages:     1500,
+		Duration:     8 * time.Second,
+		Timing:       chaos.Fast(),
+		Strict:       true,
+		Progress:     logWriter{t},
+		WorkerBinary: workerBinary(t),
+	}
+	if s := os.Getenv("IDEM_CHAOS_SEED"); s != "" {
+		var err error
+		if cfg.Seed, err = parseUint(s); err != nil {
+			t.Fatalf("IDEM_CHAOS_SEED=%q: %v", s, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	defer cancel()
+	res, err := chaos.Run(ctx, cfg)
+	var table bytes.Buffer
+	_ = chaos.WriteTable(&table, res)
+	t.Logf("\n%s", table.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(ciCells) {
+		t.Fatalf("%d results for %d cells", len(res), len(ciCells))
+	}
+	for _, r := range res {
+		if !r.Pass {
+			t.Errorf("%s", r.Line())
+		}
+	}
+}
+
+// TestOutageNATS is the outage scenario on NATS with default adapter
+// settings: during an outage longer than MaxDeliver (20) naks of
+// StoreDownDelay, JetStream stops delivering messages whose deliveries the
+// outage spent, and they are neither handled nor dead-lettered (issue
+// 11.1; found by this harness: outage/redis/nats lost a poison message).
+// It fails on a main without the fix, so it runs only with
+// IDEM_CHAOS_ISSUE11=1 until the fix lands; then the CI cell moves back
+// to NATS and this test goes.
+func TestOutageNATS(t *testing.T) {
+	if os.Getenv("IDEM_CHAOS_ISSUE11") == "" {
+		t.Skip("fails until issue 11.1 (a store outage spends JetStream deliveries) is fixed; IDEM_CHAOS_ISSUE11=1 runs it")
+	}
+	res, err := chaos.Run(context.Background(), chaos.Config{
+		Cells:        []chaos.Cell{{Scenario: "outage", Store: "redis", Broker: "nats"}, {Scenario: "outage", Store: "bolt", Broker: "nats"}},
+		Messages:     1000,
+		Duration:     5 * time.Second,
+		Timing:       chaos.Fast(),
+		Strict:       true,
+		Progress:     logWriter{t},
+		WorkerBinary: workerBinary(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if !r.Pass {
+			t.Errorf("%s", r.Line())
+		}
+	}
+}

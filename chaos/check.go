@@ -1,0 +1,259 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/chaos/internal/shm"
+	"github.com/idem-dev/idem/e2etest"
+)
+
+// Result is a cell's verdict.
+type Result struct {
+	Cell
+	Seed          uint64   `json:"seed"`
+	Messages      int      `json:"messages"`      // originals committed to the outbox
+	DupPublishes  int64    `json:"dup_publishes"` // published a second time by the producer
+	Poison        int      `json:"poison"`        // poison messages among them
+	Faults        []Fault  `json:"faults"`        // what was injected, and what each hit
+	Injected      int      `json:"faults_injected"`
+	Hit           int      `json:"faults_hit"`
+	DupDeliveries int64    `json:"duplicate_deliveries"` // deliveries of keys already completed (acked without running)
+	DupEffects    int      `json:"duplicate_effects"`    // effects beyond one per message (must be 0)
+	Lost          int      `json:"lost"`                 // messages with no effect and no dead letter (must be 0)
+	Reruns        int      `json:"reruns_after_fault"`   // effects a killed/stalled holder applied without completing, found by the next one
+	Fenced        int64    `json:"fenced"`               // effects of stale holders refused, and leases found lost
+	DeadLettered  int      `json:"dead_lettered"`
+	Requeued      int64    `json:"outbox_requeued"` // outbox rows failed by the relay and re-queued by the harness
+	Stuck         int      `json:"stuck"`           // keys in progress past their lease after the drain
+	MsgsPerSec    float64  `json:"msgs_per_sec"`
+	Elapsed       float64  `json:"elapsed_s"`
+	Pass          bool     `json:"pass"`
+	Problems      []string `json:"problems,omitempty"`
+}
+
+// Line is a one-line summary.
+func (r Result) Line() string {
+	v := "PASS"
+	if !r.Pass {
+		v = "FAIL"
+	}
+	s := fmt.Sprintf("%s %s/%s/%s: %d msgs, faults %d/%d hit, dup deliveries %d, dup effects %d, lost %d, %.0f msgs/s",
+		v, r.Scenario, r.Store, r.Broker, r.Messages, r.Hit, r.Injected, r.DupDeliveries, r.DupEffects, r.Lost, r.MsgsPerSec)
+	if len(r.Problems) > 0 {
+		s += "; " + strings.Join(r.Problems, "; ")
+	}
+	return s
+}
+
+func (c *cell) check(ctx context.Context, res Result) Result {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	n := c.r.cfg.Messages
+	res.Messages = int(c.produced.Load())
+	res.DupPublishes = c.published.Load()
+	res.Poison = poisons(n, c.poison)
+	res.Requeued = c.requeued.Load()
+	end := c.drainedAt
+	if end.IsZero() {
+		end = time.Now()
+	}
+	res.Elapsed = end.Sub(c.start).Seconds()
+	if res.Elapsed > 0 {
+		res.MsgsPerSec = float64(res.Messages) / res.Elapsed
+	}
+	var tot shm.Values
+	for _, w := range c.consumers {
+		tot = shm.Sum(tot, w.totals())
+	}
+	res.DupDeliveries = tot[shm.Duplicates]
+	res.Fenced = tot[shm.Fenced] + tot[shm.LeaseLost]
+
+	// The ledger: every message's effect exactly once, with its payload.
+	count := map[string]int{}
+	rows, err := c.ledger.Query(ctx, `SELECT msg_id, payload FROM `+c.name+`.ledger`)
+	if err != nil {
+		c.problem("read ledger: %v", err)
+	} else {
+		unknown, wrong := 0, 0
+		for rows.Next() {
+			var id string
+			var p []byte
+			if err := rows.Scan(&id, &p); err != nil {
+				c.problem("read ledger: %v", err)
+				break
+			}
+			count[id]++
+			i, ok := index(id)
+			switch {
+			case !ok || i >= n:
+				unknown++
+			case string(p) != string(e2etest.Payload(i)):
+				wrong++
+			}
+		}
+		rows.Close()
+		if unknown > 0 {
+			c.problem("%d ledger rows carry an id that was never published", unknown)
+		}
+		if wrong > 0 {
+			c.problem("%d ledger rows carry another message's payload", wrong)
+		}
+	}
+	dead, err := c.admin.deadLetters(ctx)
+	if err != nil {
+		c.problem("read dead letters: %v", err)
+	}
+	var twice, missing, poisonRan, deadTwice, deadMissing, goodDead []string
+	for i := range n {
+		id := e2etest.ID(i)
+		k, d := count[id], dead[id]
+		res.DeadLettered += d
+		if isPoison(i, c.poison) {
+			if k > 0 {
+				poisonRan = append(poisonRan, id)
+			}
+			switch {
+			case d == 0:
+				deadMissing = append(deadMissing, id)
+			case d > 1:
+				deadTwice = append(deadTwice, fmt.Sprintf("%s x%d", id, d))
+			}
+			continue
+		}
+		switch {
+		case k == 0:
+			missing = append(missing, id)
+		case k > 1:
+			twice = append(twice, fmt.Sprintf("%s x%d", id, k))
+			res.DupEffects += k - 1
+		}
+		if d > 0 {
+			goodDead = append(goodDead, id)
+		}
+	}
+	res.DupEffects += len(deadTwice) + len(poisonRan)
+	res.Lost = len(missing) + len(deadMissing)
+	report := func(what string, ids []string) {
+		if len(ids) > 0 {
+			c.problem("%d %s (e.g. %s)", len(ids), what, strings.Join(ids[:min(5, len(ids))], ", "))
+		}
+	}
+	report("messages applied more than once", twice)
+	report("messages lost (no effect, not dead-lettered)", missing)
+	report("poison messages not dead-lettered", deadMissing)
+	report("poison messages dead-lettered more than once", deadTwice)
+	report("poison messages had an effect", poisonRan)
+	report("good messages dead-lettered", goodDead)
+
+	// Effects a previous holder applied without completing: expected only
+	// after a fault took that holder's claims (killed, crashed, stalled).
+	rr, err := c.ledger.Query(ctx, `SELECT msg_id, old_pid, pid FROM `+c.name+`.rerun`)
+	if err != nil {
+		c.problem("read reruns: %v", err)
+	} else {
+		var bad []string
+		for rr.Next() {
+			var id string
+			var oldPid, pid int
+			if err := rr.Scan(&id, &oldPid, &pid); err != nil {
+				c.problem("read reruns: %v", err)
+				break
+			}
+			c.fmu.Lock()
+			why := c.faultPids[oldPid]
+			c.fmu.Unlock()
+			if why != "" {
+				res.Reruns++
+			} else {
+				bad = append(bad, fmt.Sprintf("%s (pid %d after pid %d, which no fault touched)", id, pid, oldPid))
+			}
+		}
+		rr.Close()
+		res.DupEffects += len(bad)
+		report("effects run again although their first holder was alive and unfaulted", bad)
+	}
+
+	// No key left in progress past its lease.
+	st, err := openStore(ctx, c.spec, c.storeAddr)
+	if err != nil {
+		c.problem("open store for the check: %v", err)
+	} else {
+		var (
+			mu     sync.Mutex
+			stuck  []string
+			states = map[string]int{}
+			wg     sync.WaitGroup
+			next   atomic.Int64
+		)
+		now := time.Now()
+		for range 8 {
+			wg.Go(func() {
+				for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+					rec, err := st.store.Get(ctx, []byte(e2etest.ID(i)))
+					mu.Lock()
+					switch {
+					case errors.Is(err, idem.ErrNotFound):
+						states["absent"]++
+					case err != nil:
+						states["error"]++
+						if states["error"] == 1 {
+							c.problem("read record %s for the check: %v", e2etest.ID(i), err)
+						}
+					default:
+						states[rec.State.String()]++
+						if rec.State == idem.StateInProgress && rec.LeaseUntil.Before(now) {
+							stuck = append(stuck, e2etest.ID(i))
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		sort.Strings(stuck)
+		st.close()
+		res.Stuck = len(stuck)
+		report("keys in progress past their lease", stuck)
+		want := map[string]int{"completed": n - res.Poison, "failed": res.Poison}
+		if fmt.Sprint(states) != fmt.Sprint(want) {
+			c.logf("records: %v (want %v)", states, want)
+		}
+	}
+
+	// The faults, and whether each hit in-flight work.
+	c.fmu.Lock()
+	res.Faults = append([]Fault(nil), c.faults...)
+	c.fmu.Unlock()
+	sort.SliceStable(res.Faults, func(i, j int) bool { return res.Faults[i].At < res.Faults[j].At })
+	res.Injected = len(res.Faults)
+	stalls := 0
+	for _, f := range res.Faults {
+		if f.Hit {
+			res.Hit++
+		} else if c.r.cfg.Strict {
+			c.problem("fault %s on %s at %s hit no in-flight work: %s", f.Kind, f.Target, f.At, f.Evidence)
+		}
+		if f.Kind == "sigstop" {
+			stalls++
+		}
+	}
+	if c.r.cfg.Strict && res.Injected == 0 {
+		c.problem("no fault was injected")
+	}
+	if c.r.cfg.Strict && c.Scenario == "stall" && stalls > 0 && res.Fenced == 0 {
+		c.problem("no stale worker was fenced after %d stalls", stalls)
+	}
+	c.fmu.Lock()
+	res.Problems = append(res.Problems, c.problems...)
+	c.fmu.Unlock()
+	res.Pass = res.DupEffects == 0 && res.Lost == 0 && len(res.Problems) == 0
+	return res
+}

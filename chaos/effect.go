@@ -1,0 +1,196 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/chaos/internal/shm"
+	"github.com/idem-dev/idem/consumer"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var (
+	errPoison = errors.New("chaos: poison message")
+	errFlaky  = errors.New("chaos: flaky handler failure")
+)
+
+// ledgerDDL makes a cell's ledger: one row per applied effect and NO
+// unique constraint, so an effect applied twice shows as two rows; the
+// fence table (fenced mode) with the highest token that applied each
+// key's effect; and a row per effect found already applied by an earlier
+// holder that never completed its claim (the harness checks each against
+// the faults it injected).
+func ledgerDDL(schema string) string {
+	return `CREATE SCHEMA ` + schema + `;
+CREATE TABLE ` + schema + `.ledger (msg_id text NOT NULL, payload bytea, token numeric(20) NOT NULL, pid int NOT NULL,
+	worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE ` + schema + `.fence (msg_id text PRIMARY KEY, token numeric(20) NOT NULL, pid int NOT NULL,
+	at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE ` + schema + `.rerun (msg_id text NOT NULL, old_token numeric(20) NOT NULL, old_pid int NOT NULL,
+	old_at timestamptz NOT NULL, token numeric(20) NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`
+}
+
+// effect is the consumers' handler: poison and flaky messages fail, the
+// others append their row to the ledger (see EffectTx, EffectFenced).
+type effect struct {
+	spec  Spec
+	ctr   *shm.File
+	crash *crasher
+	ran   *sync.Map // messages whose effect this process applied, for AfterComplete
+	pid   int
+	st    *storeConn
+	pool  *pgxpool.Pool // the ledger's
+	tried sync.Map      // flaky ids that failed once here
+}
+
+func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) {
+	e.ctr.Add(shm.InHandler, 1)
+	defer e.ctr.Add(shm.InHandler, -1)
+	e.crash.at(AfterClaim)
+	if i, ok := index(m.ID); ok {
+		switch {
+		case isPermanent(i, e.spec.Poison):
+			e.ctr.Add(shm.Poisoned, 1)
+			return nil, idem.Permanent(errPoison)
+		case isPoison(i, e.spec.Poison):
+			e.ctr.Add(shm.Poisoned, 1)
+			return nil, errPoison
+		case isFlaky(i):
+			if _, again := e.tried.LoadOrStore(m.ID, true); !again {
+				e.ctr.Add(shm.Flaked, 1)
+				return nil, errFlaky
+			}
+		}
+	}
+	if d := time.Duration(e.spec.Timing.EffectDelay); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	key, _ := consumer.KeyFromContext(ctx)
+	token, ok := consumer.TokenFromContext(ctx)
+	if !ok {
+		return nil, idem.Permanent(errors.New("chaos: no fencing token in the handler's context"))
+	}
+	var err error
+	if e.spec.Effect == EffectTx {
+		err = e.tx(ctx, m, key, token)
+	} else {
+		err = e.fenced(ctx, m, token)
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.ran.Store(m, true)
+	return nil, nil
+}
+
+func (e *effect) insert(ctx context.Context, tx pgx.Tx, m *broker.Message, token uint64) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.ledger (msg_id, payload, token, pid, worker) VALUES ($1, $2, $3::numeric, $4, $5)`,
+		m.ID, m.Payload, strconv.FormatUint(token, 10), e.pid, e.spec.Name)
+	return err
+}
+
+// tx: the row and the claim's completion in one transaction (pgstore).
+// A row of this very claim already there means an earlier try of this
+// handler committed and only its answer was lost: CompleteTx repeats
+// without error for the same token, so the row must not be written again.
+func (e *effect) tx(ctx context.Context, m *broker.Message, key []byte, token uint64) error {
+	applied := false
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var mine bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.spec.Schema+`.ledger WHERE msg_id = $1 AND token = $2::numeric)`,
+			m.ID, strconv.FormatUint(token, 10)).Scan(&mine); err != nil {
+			return err
+		}
+		if !mine {
+			if err := e.insert(ctx, tx, m, token); err != nil {
+				return err
+			}
+			applied = true
+		}
+		e.crash.at(AfterEffect)
+		return e.st.pgs.CompleteTx(ctx, tx, key, token, nil)
+	})
+	switch {
+	case errors.Is(err, idem.ErrFenced):
+		e.ctr.Add(shm.Fenced, 1)
+	case err == nil && applied:
+		e.ctr.Add(shm.Effects, 1)
+	case err == nil:
+		e.ctr.Add(shm.Reruns, 1)
+	}
+	return err
+}
+
+// fenced: the record is in another store. The effect's transaction takes
+// the key's fence row: a larger token there means a newer holder (this
+// one is stale: refused); the same token, an earlier try of this claim
+// that committed; a smaller one, a previous holder that applied the effect
+// and never completed its claim (crashed, stalled): the effect is not
+// applied again, and the re-run is recorded for the harness to check.
+func (e *effect) fenced(ctx context.Context, m *broker.Message, token uint64) error {
+	tok := strconv.FormatUint(token, 10)
+	outcome := ""
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		outcome = ""
+		tag, err := tx.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.fence (msg_id, token, pid) VALUES ($1, $2::numeric, $3) ON CONFLICT (msg_id) DO NOTHING`,
+			m.ID, tok, e.pid)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 1 {
+			outcome = "applied"
+			return e.insert(ctx, tx, m, token)
+		}
+		var oldTok string
+		var oldPid int
+		var oldAt time.Time
+		if err := tx.QueryRow(ctx, `SELECT token::text, pid, at FROM `+e.spec.Schema+`.fence WHERE msg_id = $1 FOR UPDATE`, m.ID).Scan(&oldTok, &oldPid, &oldAt); err != nil {
+			return err
+		}
+		old, err := strconv.ParseUint(oldTok, 10, 64)
+		if err != nil {
+			return err
+		}
+		switch {
+		case old > token:
+			outcome = "fenced"
+			return fmt.Errorf("chaos: effect refused: %w (token %d, key's fence at %d)", idem.ErrFenced, token, old)
+		case old == token:
+			outcome = "mine"
+			return nil
+		}
+		outcome = "rerun"
+		if _, err := tx.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.rerun (msg_id, old_token, old_pid, old_at, token, pid) VALUES ($1, $2::numeric, $3, $4, $5::numeric, $6)`,
+			m.ID, oldTok, oldPid, oldAt, tok, e.pid); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE `+e.spec.Schema+`.fence SET token = $2::numeric, pid = $3, at = clock_timestamp() WHERE msg_id = $1`, m.ID, tok, e.pid)
+		return err
+	})
+	switch {
+	case outcome == "fenced":
+		e.ctr.Add(shm.Fenced, 1)
+	case err != nil:
+	case outcome == "applied":
+		e.ctr.Add(shm.Effects, 1)
+	default:
+		e.ctr.Add(shm.Reruns, 1)
+	}
+	if err == nil {
+		e.crash.at(AfterEffect)
+	}
+	return err
+}

@@ -1,0 +1,45 @@
+package chaos
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestReport(t *testing.T) {
+	rs := []Result{
+		{Cell: Cell{"kill", "pg", "nats"}, Messages: 100, Injected: 2, Hit: 2, DupDeliveries: 7, MsgsPerSec: 12.5, Pass: true,
+			Faults: []Fault{{Kind: "sigkill", Target: "consumer-0", Hit: true, Evidence: "held 3"}}},
+		{Cell: Cell{"outage", "redis", "nats"}, Messages: 100, Injected: 1, Lost: 1, Problems: []string{"1 messages lost"}},
+	}
+	var tb bytes.Buffer
+	if err := WriteTable(&tb, rs); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"dup deliveries", "dup effects", "lost", "msgs/s", "FAIL", "pass", "total", "held 3", "problem: 1 messages lost"} {
+		if !strings.Contains(tb.String(), want) {
+			t.Fatalf("table lacks %q:\n%s", want, tb.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := WriteJSON(&js, rs); err != nil {
+		t.Fatal(err)
+	}
+	var back []map[string]any
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"scenario", "store", "broker", "messages", "faults", "faults_injected", "faults_hit",
+		"duplicate_deliveries", "duplicate_effects", "lost", "msgs_per_sec", "pass"} {
+		if _, ok := back[0][f]; !ok {
+			t.Fatalf("JSON lacks %q: %s", f, js.String())
+		}
+	}
+	if back[1]["pass"] != false || back[1]["lost"] != float64(1) {
+		t.Fatalf("second result %v", back[1])
+	}
+	if !strings.HasPrefix(rs[1].Line(), "FAIL outage/redis/nats") {
+		t.Fatal(rs[1].Line())
+	}
+}

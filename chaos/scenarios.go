@@ -1,0 +1,391 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/idem-dev/idem/chaos/internal/shm"
+)
+
+// Fault is one fault injected into a cell, and whether it hit in-flight
+// work (with the evidence read from the processes' counters).
+type Fault struct {
+	Kind     string        `json:"kind"`
+	Target   string        `json:"target"`
+	At       time.Duration `json:"at_ns"`
+	Hit      bool          `json:"hit"`
+	Evidence string        `json:"evidence"`
+}
+
+// Scenario is a fault loop.
+type Scenario struct {
+	Name string
+	Doc  string
+	// Faults of the catalogue (../shared/DESIGN.md) it exercises.
+	Covers []string
+	// Crash is the named crash point armed in every (re)started worker of
+	// the role it belongs to.
+	Crash string
+	// Poison overrides the poison rate (1 in Poison messages).
+	Poison int
+	// inject runs one fault; the loop calls it until the cell's fault
+	// loop ends (always at least once), with a pause between.
+	inject func(c *cell, ctx context.Context)
+	pause  [2]time.Duration
+}
+
+var scenarios = []*Scenario{
+	{Name: "kill", Doc: "SIGKILL of a consumer (3 in 4) or a relay at a random moment while it holds claims or outbox rows; restarted at once",
+		Covers: []string{"F1", "F2", "F4", "F7", "F8"}, inject: (*cell).killOne, pause: [2]time.Duration{time.Second, 3 * time.Second}},
+	{Name: "crash-after-claim", Doc: "consumers SIGKILL themselves at the n-th claim, before the effect", Crash: AfterClaim,
+		Covers: []string{"F2"}},
+	{Name: "crash-after-effect", Doc: "consumers SIGKILL themselves after the effect, before the claim is completed", Crash: AfterEffect,
+		Covers: []string{"F1", "F16"}},
+	{Name: "crash-after-complete", Doc: "consumers SIGKILL themselves after completing the claim, before the ack", Crash: AfterComplete,
+		Covers: []string{"F1", "F4"}},
+	{Name: "crash-after-publish", Doc: "outbox relays SIGKILL themselves after the broker accepted a batch, before marking it sent", Crash: AfterPublish,
+		Covers: []string{"F6", "F7"}},
+	{Name: "stall", Doc: "SIGSTOP of a consumer holding claims for longer than the lease plus the broker's redelivery time, then SIGCONT: the stale worker must be fenced",
+		Covers: []string{"F3", "F5", "F8"}, inject: (*cell).stall, pause: [2]time.Duration{time.Second, 2 * time.Second}},
+	{Name: "store-restart", Doc: "the store's server killed (PostgreSQL: immediate shutdown) with claims in flight, started again after 0.5-2 s",
+		Covers: []string{"F9", "F10", "F17"}, inject: (*cell).restartStore, pause: [2]time.Duration{2 * time.Second, 4 * time.Second}},
+	{Name: "broker-restart", Doc: "the broker killed (nats-server SIGKILL, kfake closed) with deliveries unsettled, started again after 0.5-2 s",
+		Covers: []string{"F4", "F8"}, inject: (*cell).restartBroker, pause: [2]time.Duration{2 * time.Second, 4 * time.Second}},
+	{Name: "proxy", Doc: "the store's connections through toxiproxy: latency, resets, connections dropped after a stall, replies cut",
+		Covers: []string{"F4", "F17"}, inject: (*cell).toxic, pause: [2]time.Duration{500 * time.Millisecond, 1500 * time.Millisecond}},
+	{Name: "partition", Doc: "the consumers' network namespace cut from the store (not the broker) for longer than the lease",
+		Covers: []string{"F10", "F17"}, inject: (*cell).partition, pause: [2]time.Duration{2 * time.Second, 3 * time.Second}},
+	{Name: "outage", Doc: "the store unreachable (connections closed and refused) for longer than the lease, every retry and the broker's delivery limit",
+		Covers: []string{"F10"}, inject: (*cell).outage, pause: [2]time.Duration{2 * time.Second, 3 * time.Second}},
+	{Name: "clock", Doc: "the clock of a consumer holding claims stepped forward or back by twice the lease (the stores keep their own clocks)",
+		Covers: []string{"F12"}, inject: (*cell).clockStep, pause: [2]time.Duration{time.Second, 2 * time.Second}},
+	{Name: "poison", Doc: "1 message in 40 always fails (half with idem.Permanent) and 1 in 50 fails once per process: each poison message dead-lettered exactly once",
+		Covers: []string{"F14"}, Poison: 40, inject: (*cell).poisonCheck},
+	{Name: "mixed", Doc: "every fault above, one at a time, chosen at random (the long run)",
+		Covers: []string{"F1", "F2", "F3", "F4", "F5", "F7", "F8", "F9", "F10", "F12", "F14", "F17"},
+		inject: (*cell).mixed, pause: [2]time.Duration{time.Second, 3 * time.Second}},
+}
+
+// ScenarioNames lists the scenarios.
+func ScenarioNames() []string {
+	out := make([]string, len(scenarios))
+	for i, s := range scenarios {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// Scenarios returns the scenario descriptions.
+func Scenarios() []Scenario {
+	out := make([]Scenario, len(scenarios))
+	for i, s := range scenarios {
+		out[i] = *s
+	}
+	return out
+}
+
+func scenarioByName(name string) (*Scenario, bool) {
+	for _, s := range scenarios {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return nil, false
+}
+
+func jsonSpec(s Spec) (string, error) {
+	b, err := json.Marshal(s)
+	return string(b), err
+}
+
+// run is the fault loop: inject, pause, until ctx ends or the producer
+// has committed every message (at least one injection), so that faults
+// meet messages still flowing. Crash-point scenarios only wait: the
+// workers kill themselves.
+func (s *Scenario) run(ctx context.Context, c *cell) {
+	more := func() bool { return ctx.Err() == nil && c.produced.Load() < int64(c.r.cfg.Messages) }
+	if s.inject == nil {
+		for more() {
+			sleepCtx(ctx, 100*time.Millisecond)
+		}
+		return
+	}
+	for first := true; first || more(); first = false {
+		s.inject(c, ctx)
+		sleepCtx(ctx, c.between(s.pause[0], s.pause[1]))
+	}
+}
+
+// live sums the counters of the running consumer processes.
+func (c *cell) live() shm.Values {
+	var v shm.Values
+	for _, w := range c.consumers {
+		if inc := w.cur(); inc != nil && !inc.exited() {
+			v = shm.Sum(v, inc.ctr.Snapshot())
+		}
+	}
+	return v
+}
+
+// waitFor polls cond for up to d.
+func waitFor(ctx context.Context, d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// inFlight waits (up to 3 s) for the consumers to hold claims, so a fault
+// starts on in-flight work, and returns their counters.
+func (c *cell) inFlight(ctx context.Context) shm.Values {
+	waitFor(ctx, 3*time.Second, func() bool { return c.live()[shm.InHandler] > 0 })
+	return c.live()
+}
+
+func storeErrs(v shm.Values) int64 { return v[shm.StoreErrors] + v[shm.ClaimErrors] }
+
+func (c *cell) killOne(ctx context.Context) {
+	relay := c.intn(0, 3) == 0
+	ws, slot := c.consumers, shm.InHandler
+	if relay {
+		ws, slot = c.relays, shm.RelayClaimed
+	}
+	w := ws[c.intn(0, len(ws)-1)]
+	inc := w.cur()
+	if inc == nil || inc.exited() {
+		return
+	}
+	if !waitFor(ctx, 3*time.Second, func() bool { return inc.ctr.Get(slot) > 0 }) && relay {
+		// The outbox is drained: nothing for a relay to hold any more.
+		relay, ws, slot = false, c.consumers, shm.InHandler
+		w = ws[c.intn(0, len(ws)-1)]
+		if inc = w.cur(); inc == nil || inc.exited() {
+			return
+		}
+		waitFor(ctx, 3*time.Second, func() bool { return inc.ctr.Get(slot) > 0 })
+	}
+	v, err := w.freezeAndKill()
+	if err != nil {
+		c.problem("kill %s: %v", w.name, err)
+	}
+	c.markPid(inc.pid, "killed")
+	f := Fault{Kind: "sigkill", Target: w.name}
+	if relay {
+		f.Hit = v[shm.RelayClaimed] > 0
+		f.Evidence = fmt.Sprintf("pid %d held %d outbox rows", inc.pid, v[shm.RelayClaimed])
+	} else {
+		f.Hit = v[shm.InHandler] > 0 || v[shm.Unsettled] > 0
+		f.Evidence = fmt.Sprintf("pid %d held %d claims in handlers, %d deliveries unsettled", inc.pid, v[shm.InHandler], v[shm.Unsettled])
+	}
+	c.addFault(f)
+	if err := w.start(); err != nil {
+		c.problem("restart %s: %v", w.name, err)
+	}
+}
+
+func (c *cell) stall(ctx context.Context) {
+	w := c.consumers[c.intn(0, len(c.consumers)-1)]
+	inc := w.cur()
+	if inc == nil || inc.exited() {
+		return
+	}
+	waitFor(ctx, 5*time.Second, func() bool { return inc.ctr.Get(shm.InHandler) > 0 })
+	if err := inc.signal(syscall.SIGSTOP); err != nil {
+		c.problem("stop %s: %v", w.name, err)
+		return
+	}
+	time.Sleep(5 * time.Millisecond)
+	before := inc.ctr.Snapshot()
+	c.markPid(inc.pid, "stalled")
+	t := c.r.cfg.Timing
+	// Past the lease and until the broker has handed the messages to
+	// another consumer (Kafka: the session timeout, then a rebalance
+	// that waits up to RevokeDrain for the survivors).
+	d := t.lease() + t.redelivery(c.Broker) + 2*time.Second
+	if c.Broker == "kafka" {
+		d += 6 * time.Second
+	}
+	// Not ctx: the stall must outlast the lease whatever the loop says.
+	time.Sleep(d)
+	_ = inc.signal(syscall.SIGCONT)
+	fenced := func() int64 {
+		v := inc.ctr.Snapshot()
+		return v[shm.Fenced] - before[shm.Fenced] + v[shm.LeaseLost] - before[shm.LeaseLost]
+	}
+	waitFor(context.Background(), t.lease()+5*time.Second, func() bool { return fenced() > 0 || inc.exited() })
+	c.addFault(Fault{Kind: "sigstop", Target: w.name, Hit: before[shm.InHandler] > 0,
+		Evidence: fmt.Sprintf("pid %d stopped %s holding %d claims in handlers; after SIGCONT %d of its effects fenced or leases found lost",
+			inc.pid, d.Round(time.Millisecond), before[shm.InHandler], fenced())})
+}
+
+func (c *cell) restartStore(ctx context.Context) {
+	v := c.inFlight(ctx)
+	if err := c.storeSrv.Crash(); err != nil {
+		c.problem("crash store: %v", err)
+		return
+	}
+	down := c.between(500*time.Millisecond, 2*time.Second)
+	time.Sleep(down)
+	if err := c.storeSrv.Start(context.Background()); err != nil {
+		c.problem("restart store: %v", err)
+		return
+	}
+	waitFor(ctx, 10*time.Second, func() bool { return storeErrs(c.live()) > storeErrs(v) })
+	errs := storeErrs(c.live()) - storeErrs(v)
+	c.addFault(Fault{Kind: "store restart", Target: c.Store, Hit: v[shm.InHandler] > 0 && errs > 0,
+		Evidence: fmt.Sprintf("%d claims in handlers, %d deliveries unsettled when it died; down %s; %d store errors after",
+			v[shm.InHandler], v[shm.Unsettled], down.Round(time.Millisecond), errs)})
+}
+
+func (c *cell) restartBroker(ctx context.Context) {
+	waitFor(ctx, 3*time.Second, func() bool { return c.live()[shm.Unsettled] > 0 })
+	v := c.live()
+	if err := c.brokerSrv.Crash(); err != nil {
+		c.problem("crash broker: %v", err)
+		return
+	}
+	down := c.between(500*time.Millisecond, 2*time.Second)
+	time.Sleep(down)
+	if err := c.brokerSrv.Start(context.Background()); err != nil {
+		c.problem("restart broker: %v", err)
+		return
+	}
+	c.addFault(Fault{Kind: "broker restart", Target: c.Broker, Hit: v[shm.Unsettled] > 0,
+		Evidence: fmt.Sprintf("%d deliveries unsettled, %d claims in handlers when it died; down %s", v[shm.Unsettled], v[shm.InHandler], down.Round(time.Millisecond))})
+}
+
+var toxics = []struct {
+	name string
+	json string
+	min  time.Duration
+	max  time.Duration
+	errs bool // must cause store errors to count as a hit
+}{
+	{"latency", `{"name":"t","type":"latency","stream":"downstream","attributes":{"latency":150,"jitter":100}}`, 2 * time.Second, 4 * time.Second, false},
+	{"reset", `{"name":"t","type":"reset_peer","stream":"upstream","attributes":{"timeout":0}}`, 300 * time.Millisecond, time.Second, true},
+	{"drop", `{"name":"t","type":"timeout","stream":"upstream","attributes":{"timeout":1500}}`, time.Second, 3 * time.Second, true},
+	{"cut-reply", `{"name":"t","type":"limit_data","stream":"downstream","attributes":{"bytes":200}}`, 300 * time.Millisecond, time.Second, true},
+}
+
+func (c *cell) toxic(ctx context.Context) {
+	tx := toxics[c.intn(0, len(toxics)-1)]
+	v := c.inFlight(ctx)
+	if err := c.proxy.Toxic(tx.json); err != nil {
+		c.problem("toxic %s: %v", tx.name, err)
+		return
+	}
+	d := c.between(tx.min, tx.max)
+	time.Sleep(d)
+	c.proxy.Clear()
+	waitFor(ctx, 2*time.Second, func() bool { return !tx.errs || storeErrs(c.live()) > storeErrs(v) })
+	errs := storeErrs(c.live()) - storeErrs(v)
+	c.addFault(Fault{Kind: "proxy " + tx.name, Target: c.Store, Hit: v[shm.InHandler] > 0 && (!tx.errs || errs > 0),
+		Evidence: fmt.Sprintf("%s with %d claims in handlers; %d store errors", d.Round(time.Millisecond), v[shm.InHandler], errs)})
+}
+
+func (c *cell) partition(ctx context.Context) {
+	ns := c.r.env.ns
+	if ns == nil {
+		c.addFault(Fault{Kind: "partition", Target: c.Store, Evidence: "not run: no network namespace (needs root and iproute2)"})
+		return
+	}
+	v := c.inFlight(ctx)
+	if err := ns.Partition(true); err != nil {
+		c.problem("partition: %v", err)
+		return
+	}
+	d := c.r.cfg.Timing.lease() + c.between(time.Second, 3*time.Second)
+	time.Sleep(d)
+	during := c.live()
+	if err := ns.Partition(false); err != nil {
+		c.problem("heal partition: %v", err)
+	}
+	c.addFault(Fault{Kind: "partition", Target: c.Store, Hit: v[shm.InHandler] > 0,
+		Evidence: fmt.Sprintf("%s with %d claims in handlers; meanwhile %d store errors, %d effects completed",
+			d.Round(time.Millisecond), v[shm.InHandler], storeErrs(during)-storeErrs(v), during[shm.Handled]-v[shm.Handled])})
+}
+
+// outageLength outlasts the lease, the guard's settle window (a lease),
+// and, where the broker stops redelivering after MaxDeliver, MaxDeliver
+// naks of StoreDownDelay.
+func (c *cell) outageLength() time.Duration {
+	t := c.r.cfg.Timing
+	d := 2 * t.lease()
+	if c.Broker == "nats" {
+		d = max(d, 20*t.storeDownDelay())
+	}
+	return d + 2*time.Second
+}
+
+func (c *cell) outage(ctx context.Context) {
+	v := c.inFlight(ctx)
+	if err := c.proxy.Down(true); err != nil {
+		c.problem("outage: %v", err)
+		return
+	}
+	d := c.outageLength()
+	time.Sleep(d)
+	during := c.live()
+	if err := c.proxy.Down(false); err != nil {
+		c.problem("end outage: %v", err)
+	}
+	errs := storeErrs(during) - storeErrs(v)
+	c.addFault(Fault{Kind: "outage", Target: c.Store, Hit: v[shm.InHandler] > 0 && errs > 0,
+		Evidence: fmt.Sprintf("%s with %d claims in handlers, %d deliveries unsettled; %d store errors during it",
+			d.Round(time.Millisecond), v[shm.InHandler], v[shm.Unsettled], errs)})
+}
+
+func (c *cell) clockStep(ctx context.Context) {
+	w := c.consumers[c.intn(0, len(c.consumers)-1)]
+	inc := w.cur()
+	if inc == nil || inc.exited() {
+		return
+	}
+	waitFor(ctx, 3*time.Second, func() bool { return inc.ctr.Get(shm.InHandler) > 0 })
+	step := 2 * c.r.cfg.Timing.lease()
+	if c.intn(0, 1) == 0 {
+		step = -step
+	}
+	held := inc.ctr.Get(shm.InHandler)
+	if err := w.send("clock " + step.String()); err != nil {
+		c.problem("clock %s: %v", w.name, err)
+		return
+	}
+	w.clock = step
+	waitFor(ctx, 2*time.Second, func() bool { return inc.ctr.Get(shm.ClockOffset) == step.Milliseconds() })
+	c.addFault(Fault{Kind: "clock step", Target: w.name, Hit: held > 0,
+		Evidence: fmt.Sprintf("pid %d clock %+v with %d claims in handlers", inc.pid, step, held)})
+	time.Sleep(c.r.cfg.Timing.lease() + c.between(0, time.Second))
+	_ = w.send("clock 0s")
+	w.clock = 0
+}
+
+// poisonCheck: the poison scenario injects nothing but its messages; the
+// fault is recorded once the handlers have failed on some.
+func (c *cell) poisonCheck(ctx context.Context) {
+	for ctx.Err() == nil && c.produced.Load() < int64(c.r.cfg.Messages) {
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+	var poisoned int64
+	for _, w := range c.consumers {
+		poisoned += w.totals()[shm.Poisoned]
+	}
+	c.addFault(Fault{Kind: "poison", Target: "handlers", Hit: poisoned > 0,
+		Evidence: fmt.Sprintf("%d poison messages, %d handler calls failed on them so far", poisons(c.r.cfg.Messages, c.poison), poisoned)})
+}
+
+func (c *cell) mixed(ctx context.Context) {
+	fs := []func(*cell, context.Context){(*cell).killOne, (*cell).stall, (*cell).restartStore, (*cell).restartBroker,
+		(*cell).toxic, (*cell).outage, (*cell).clockStep}
+	if c.r.env.ns != nil {
+		fs = append(fs, (*cell).partition)
+	}
+	fs[c.intn(0, len(fs)-1)](c, ctx)
+}
