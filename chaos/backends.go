@@ -11,6 +11,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/chaos/internal/remotestore"
+	"github.com/idem-dev/idem/e2etest"
 	"github.com/idem-dev/idem/kafkabroker"
 	"github.com/idem-dev/idem/mysqlstore"
 	"github.com/idem-dev/idem/natsbroker"
@@ -127,7 +128,7 @@ func migrateStore(ctx context.Context, spec Spec, addr string) error {
 	return nil
 }
 
-func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+func quiet() *slog.Logger { return e2etest.Quiet() }
 
 // brokerConn is a connection to the cell's broker.
 type brokerConn struct {

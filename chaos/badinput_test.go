@@ -2,12 +2,17 @@ package chaos
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +22,8 @@ import (
 	"github.com/idem-dev/idem/broker/membroker"
 	"github.com/idem-dev/idem/chaos/internal/remotestore"
 	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/httpapi"
+	"github.com/idem-dev/idem/httpidem"
 	"github.com/idem-dev/idem/kafkabroker"
 	"github.com/idem-dev/idem/memstore"
 	"github.com/idem-dev/idem/natsbroker"
@@ -306,8 +313,11 @@ func consumeCases(t *testing.T, cases []msgCase, sub broker.Subscriber, dl broke
 			t.Errorf("%s: an invalid traceparent reached the handler", tc.name)
 		}
 	}
-	if s, _ := st.Stats(context.Background()); int(s.Total()) != want {
-		t.Errorf("%d records, want %d (one per handled message; nothing for the rejected ones)", s.Total(), want)
+	// One record per handled message and one per dead letter (the
+	// consumer guards each dead-letter publish under "dead-letter:<digest>");
+	// none under a rejected message's own key.
+	if s, _ := st.Stats(context.Background()); int(s.Total()) != want+wantDead {
+		t.Errorf("%d records, want %d handled + %d dead letters", s.Total(), want, wantDead)
 	}
 }
 
@@ -554,6 +564,116 @@ func TestBadInputCLI(t *testing.T) {
 			err := tc.cfg.Validate()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate = %v, want an error about %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestBadInputHTTP: the HTTP entry points. The Idempotency-Key middleware
+// (the proxy's core) refuses empty, oversized, NUL, non-ASCII and
+// malformed keys with 400 before the upstream runs and stores nothing;
+// the HTTP service takes any bytes as a key (a NUL through \u0000, any
+// byte through key_b64), stores them exactly, and refuses invalid UTF-8
+// and malformed bodies with 400 and nothing stored. (httpapi's
+// TestBadInputNothingStored and httpidem's tests hold the full tables.)
+func TestBadInputHTTP(t *testing.T) {
+	mem, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	var upstream atomic.Int64
+	mw, err := httpidem.New(httpidem.Config{Store: mem, Logger: quiet(), RequireKey: []string{"/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mw.Close()
+	proxy := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		upstream.Add(1)
+		w.WriteHeader(201)
+	})))
+	defer proxy.Close()
+	for _, tc := range []struct{ name, key string }{
+		{"empty", `""`},
+		{"blank", " "},
+		{"over the key limit", `"` + strings.Repeat("k", idem.MaxKeyLen+1) + `"`},
+		{"NUL", "\"a\x00b\""},
+		{"bare NUL", "a\x00b"},
+		{"invalid UTF-8", "\"a\xff\xfe\""},
+		{"bare invalid UTF-8", "a\xffb"},
+		{"unterminated", `"abc`},
+		{"parameters", `"abc";p=1`},
+		{"bad escape", `"a\x"`},
+	} {
+		t.Run("proxy/"+tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", proxy.URL+"/pay", strings.NewReader("{}"))
+			req.Header["Idempotency-Key"] = []string{tc.key}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				// The client refuses to send some bytes (NUL): nothing
+				// reached the proxy, which is as good.
+				if upstream.Load() != 0 {
+					t.Fatal("upstream ran")
+				}
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 400 || !strings.Contains(string(body), "key") {
+				t.Fatalf("%d %s, want 400 about the key", resp.StatusCode, body)
+			}
+			if n := upstream.Load(); n != 0 {
+				t.Fatalf("upstream ran %d times", n)
+			}
+			if s, _ := mem.Stats(context.Background()); s.Total() != 0 {
+				t.Fatalf("%d records stored", s.Total())
+			}
+		})
+	}
+
+	api, err := httpapi.New(httpapi.Config{Store: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	post := func(body string) (int, string) {
+		resp, err := http.Post(srv.URL+"/v1/claim", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, tc := range []struct {
+		name, body string
+		code       int
+		key        []byte // stored exactly when code is 201
+	}{
+		{"NUL in key", `{"key":"a\u0000b"}`, 201, []byte("a\x00b")},
+		{"any bytes by key_b64", `{"key_b64":"` + base64.StdEncoding.EncodeToString([]byte("\xff\x00\xfe")) + `"}`, 201, []byte("\xff\x00\xfe")},
+		{"invalid UTF-8", "{\"key\":\"a\xff\"}", 400, nil},
+		{"empty body", ``, 400, nil},
+		{"empty key", `{"key":""}`, 400, nil},
+		{"key over the limit", `{"key":"` + strings.Repeat("k", idem.MaxKeyLen+1) + `"}`, 400, nil},
+		{"malformed", `{"key":`, 400, nil},
+	} {
+		t.Run("service/"+tc.name, func(t *testing.T) {
+			before, _ := mem.Stats(context.Background())
+			code, body := post(tc.body)
+			if code != tc.code {
+				t.Fatalf("%d %s, want %d", code, body, tc.code)
+			}
+			after, _ := mem.Stats(context.Background())
+			if tc.code != 201 {
+				if after.Total() != before.Total() || !strings.Contains(body, `"error"`) {
+					t.Fatalf("a refused request stored something or said nothing: %s", body)
+				}
+				return
+			}
+			if rec, err := mem.Get(context.Background(), tc.key); err != nil || string(rec.Key) != string(tc.key) {
+				t.Fatalf("record %q: %+v %v", tc.key, rec, err)
 			}
 		})
 	}

@@ -151,6 +151,11 @@ func (r *runner) runCell(ctx context.Context, i int, cl Cell) Result {
 	prodDone := make(chan error, 1)
 	go func() { prodDone <- c.produce(ctx) }()
 
+	// Faults start once the consumers receive messages (a Kafka group
+	// takes a few seconds to form), so the first one meets work.
+	if !waitFor(ctx, time.Minute, func() bool { return c.live()[shm.Fetched] > 0 }) {
+		c.problem("the consumers received nothing for a minute")
+	}
 	loopCtx, stopLoop := context.WithTimeout(ctx, r.cfg.Duration)
 	c.loopEnd = time.Now().Add(r.cfg.Duration)
 	sc.run(loopCtx, c)

@@ -91,7 +91,7 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 				break
 			}
 			count[id]++
-			i, ok := index(id)
+			i, ok := e2etest.Index(id)
 			switch {
 			case !ok || i >= n:
 				unknown++

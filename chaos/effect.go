@@ -12,6 +12,7 @@ import (
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/chaos/internal/shm"
 	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/e2etest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -54,7 +55,7 @@ func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) 
 	e.ctr.Add(shm.InHandler, 1)
 	defer e.ctr.Add(shm.InHandler, -1)
 	e.crash.at(AfterClaim)
-	if i, ok := index(m.ID); ok {
+	if i, ok := e2etest.Index(m.ID); ok {
 		switch {
 		case isPermanent(i, e.spec.Poison):
 			e.ctr.Add(shm.Poisoned, 1)
@@ -62,7 +63,7 @@ func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) 
 		case isPoison(i, e.spec.Poison):
 			e.ctr.Add(shm.Poisoned, 1)
 			return nil, errPoison
-		case isFlaky(i):
+		case e2etest.Flaky(i):
 			if _, again := e.tried.LoadOrStore(m.ID, true); !again {
 				e.ctr.Add(shm.Flaked, 1)
 				return nil, errFlaky

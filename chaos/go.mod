@@ -9,6 +9,7 @@ replace (
 	github.com/idem-dev/idem/boltstore => ../boltstore
 	github.com/idem-dev/idem/brokertest => ../brokertest
 	github.com/idem-dev/idem/e2etest => ../e2etest
+	github.com/idem-dev/idem/internal/redisx => ../internal/redisx
 	github.com/idem-dev/idem/kafkabroker => ../kafkabroker
 	github.com/idem-dev/idem/mysqlstore => ../mysqlstore
 	github.com/idem-dev/idem/natsbroker => ../natsbroker
@@ -46,6 +47,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
+	github.com/idem-dev/idem/internal/redisx v0.0.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

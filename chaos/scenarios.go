@@ -142,10 +142,10 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) bool {
 	return true
 }
 
-// inFlight waits (up to 3 s) for the consumers to hold claims, so a fault
-// starts on in-flight work, and returns their counters.
+// inFlight waits (up to 10 s) for the consumers to hold claims, so a
+// fault starts on in-flight work, and returns their counters.
 func (c *cell) inFlight(ctx context.Context) shm.Values {
-	waitFor(ctx, 3*time.Second, func() bool { return c.live()[shm.InHandler] > 0 })
+	waitFor(ctx, 10*time.Second, func() bool { return c.live()[shm.InHandler] > 0 })
 	return c.live()
 }
 
@@ -162,14 +162,18 @@ func (c *cell) killOne(ctx context.Context) {
 	if inc == nil || inc.exited() {
 		return
 	}
-	if !waitFor(ctx, 3*time.Second, func() bool { return inc.ctr.Get(slot) > 0 }) && relay {
+	wait := 10 * time.Second
+	if relay {
+		wait = 3 * time.Second
+	}
+	if !waitFor(ctx, wait, func() bool { return inc.ctr.Get(slot) > 0 }) && relay {
 		// The outbox is drained: nothing for a relay to hold any more.
 		relay, ws, slot = false, c.consumers, shm.InHandler
 		w = ws[c.intn(0, len(ws)-1)]
 		if inc = w.cur(); inc == nil || inc.exited() {
 			return
 		}
-		waitFor(ctx, 3*time.Second, func() bool { return inc.ctr.Get(slot) > 0 })
+		waitFor(ctx, 10*time.Second, func() bool { return inc.ctr.Get(slot) > 0 })
 	}
 	v, err := w.freezeAndKill()
 	if err != nil {
@@ -245,7 +249,7 @@ func (c *cell) restartStore(ctx context.Context) {
 }
 
 func (c *cell) restartBroker(ctx context.Context) {
-	waitFor(ctx, 3*time.Second, func() bool { return c.live()[shm.Unsettled] > 0 })
+	waitFor(ctx, 10*time.Second, func() bool { return c.live()[shm.Unsettled] > 0 })
 	v := c.live()
 	if err := c.brokerSrv.Crash(); err != nil {
 		c.problem("crash broker: %v", err)
@@ -270,7 +274,9 @@ var toxics = []struct {
 }{
 	{"latency", `{"name":"t","type":"latency","stream":"downstream","attributes":{"latency":150,"jitter":100}}`, 2 * time.Second, 4 * time.Second, false},
 	{"reset", `{"name":"t","type":"reset_peer","stream":"upstream","attributes":{"timeout":0}}`, 300 * time.Millisecond, time.Second, true},
-	{"drop", `{"name":"t","type":"timeout","stream":"upstream","attributes":{"timeout":1500}}`, time.Second, 3 * time.Second, true},
+	// Data stops; each connection is closed after 1.5 s (toxiproxy's
+	// timeout toxic), which the clients see as a reset mid-call.
+	{"drop", `{"name":"t","type":"timeout","stream":"upstream","attributes":{"timeout":1500}}`, 2 * time.Second, 3 * time.Second, true},
 	{"cut-reply", `{"name":"t","type":"limit_data","stream":"downstream","attributes":{"bytes":200}}`, 300 * time.Millisecond, time.Second, true},
 }
 
@@ -284,7 +290,9 @@ func (c *cell) toxic(ctx context.Context) {
 	d := c.between(tx.min, tx.max)
 	time.Sleep(d)
 	c.proxy.Clear()
-	waitFor(ctx, 2*time.Second, func() bool { return !tx.errs || storeErrs(c.live()) > storeErrs(v) })
+	// A call stuck behind the toxic fails when the client gives up on it
+	// (the store clients' own timeouts, up to ~10 s).
+	waitFor(ctx, 12*time.Second, func() bool { return !tx.errs || storeErrs(c.live()) > storeErrs(v) })
 	errs := storeErrs(c.live()) - storeErrs(v)
 	c.addFault(Fault{Kind: "proxy " + tx.name, Target: c.Store, Hit: v[shm.InHandler] > 0 && (!tx.errs || errs > 0),
 		Evidence: fmt.Sprintf("%s with %d claims in handlers; %d store errors", d.Round(time.Millisecond), v[shm.InHandler], errs)})
@@ -348,7 +356,7 @@ func (c *cell) clockStep(ctx context.Context) {
 	if inc == nil || inc.exited() {
 		return
 	}
-	waitFor(ctx, 3*time.Second, func() bool { return inc.ctr.Get(shm.InHandler) > 0 })
+	waitFor(ctx, 10*time.Second, func() bool { return inc.ctr.Get(shm.InHandler) > 0 })
 	step := 2 * c.r.cfg.Timing.lease()
 	if c.intn(0, 1) == 0 {
 		step = -step

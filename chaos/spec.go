@@ -124,10 +124,10 @@ type Timing struct {
 	EffectDelay        Duration `json:"effect_delay"`         // each effect takes this long, so claims are in flight
 }
 
-// Fast is the CI timing: a 3 s lease, 5 s ack wait, 6 s session timeout, so
+// Fast is the CI timing: a 3 s lease, 5 s ack wait, 3 s session timeout, so
 // a fault that must outlast a lease and a redelivery takes seconds.
 func Fast() Timing {
-	return Timing{Lease: Duration(3 * time.Second), AckWait: Duration(5 * time.Second), SessionTimeout: Duration(6 * time.Second),
+	return Timing{Lease: Duration(3 * time.Second), AckWait: Duration(5 * time.Second), SessionTimeout: Duration(3 * time.Second),
 		StoreDownDelay: Duration(time.Second), InProgressInterval: Duration(time.Second), EffectDelay: Duration(5 * time.Millisecond)}
 }
 

@@ -142,13 +142,20 @@ func (c *crasher) at(point string) {
 	select {} // never returns: nothing after the crash point runs
 }
 
-func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
+// openCounters maps the worker's counter file, records its pid and arms
+// its crash points.
+func openCounters(spec Spec) (*shm.File, *crasher, error) {
 	ctr, err := shm.Open(spec.Shm)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	ctr.Set(shm.Pid, int64(os.Getpid()))
 	crash, err := newCrasher(ctr)
+	return ctr, crash, err
+}
+
+func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
+	ctr, crash, err := openCounters(spec)
 	if err != nil {
 		return err
 	}
@@ -335,12 +342,7 @@ func (a *countingAcker) Term(ctx context.Context, reason string) error {
 }
 
 func runRelay(ctx context.Context, spec Spec, log *slog.Logger) error {
-	ctr, err := shm.Open(spec.Shm)
-	if err != nil {
-		return err
-	}
-	ctr.Set(shm.Pid, int64(os.Getpid()))
-	crash, err := newCrasher(ctr)
+	ctr, crash, err := openCounters(spec)
 	if err != nil {
 		return err
 	}

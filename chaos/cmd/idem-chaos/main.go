@@ -40,7 +40,8 @@ func run() int {
 		brokers   = flag.String("brokers", "", "comma-separated brokers (default all): "+strings.Join(chaos.Brokers, ","))
 		cells     = flag.String("cells", "", "explicit cells scenario/store/broker, comma-separated (overrides the three above)")
 		jsonOut   = flag.Bool("json", false, "print the results as JSON instead of a table")
-		timing    = flag.String("timing", "fast", "fast (3s lease, 5s ack wait, 6s session) or defaults (the library's and adapters' defaults)")
+		jsonFile  = flag.String("json-file", "", "also write the results as JSON to this file")
+		timing    = flag.String("timing", "fast", "fast (3s lease, 5s ack wait, 3s session) or defaults (the library's and adapters' defaults)")
 		list      = flag.Bool("list", false, "list the scenarios and exit")
 		quiet     = flag.Bool("q", false, "no progress lines on stderr")
 	)
@@ -94,6 +95,19 @@ func run() int {
 		_ = chaos.WriteJSON(os.Stdout, res)
 	} else {
 		_ = chaos.WriteTable(os.Stdout, res)
+	}
+	if *jsonFile != "" {
+		f, ferr := os.Create(*jsonFile)
+		if ferr == nil {
+			ferr = chaos.WriteJSON(f, res)
+			if cerr := f.Close(); ferr == nil {
+				ferr = cerr
+			}
+		}
+		if ferr != nil {
+			fmt.Fprintln(os.Stderr, "idem-chaos:", ferr)
+			return 1
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idem-chaos:", err)
