@@ -2,34 +2,19 @@ module github.com/idem-dev/idem/chaos
 
 go 1.26.0
 
-require github.com/idem-dev/idem v0.0.0
-
-replace (
-	github.com/idem-dev/idem => ../
-	github.com/idem-dev/idem/boltstore => ../boltstore
-	github.com/idem-dev/idem/brokertest => ../brokertest
-	github.com/idem-dev/idem/e2etest => ../e2etest
-	github.com/idem-dev/idem/internal/redisx => ../internal/redisx
-	github.com/idem-dev/idem/kafkabroker => ../kafkabroker
-	github.com/idem-dev/idem/mysqlstore => ../mysqlstore
-	github.com/idem-dev/idem/natsbroker => ../natsbroker
-	github.com/idem-dev/idem/outboxtest => ../outboxtest
-	github.com/idem-dev/idem/pgstore => ../pgstore
-	github.com/idem-dev/idem/redisstore => ../redisstore
-	github.com/idem-dev/idem/storetest => ../storetest
-)
+require github.com/idem-dev/idem v0.1.0
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/idem-dev/idem/boltstore v0.0.0
-	github.com/idem-dev/idem/e2etest v0.0.0
-	github.com/idem-dev/idem/kafkabroker v0.0.0
-	github.com/idem-dev/idem/mysqlstore v0.0.0
-	github.com/idem-dev/idem/natsbroker v0.0.0
-	github.com/idem-dev/idem/pgstore v0.0.0
-	github.com/idem-dev/idem/redisstore v0.0.0
-	github.com/idem-dev/idem/storetest v0.0.0
+	github.com/idem-dev/idem/boltstore v0.1.0
+	github.com/idem-dev/idem/e2etest v0.1.0
+	github.com/idem-dev/idem/kafkabroker v0.1.0
+	github.com/idem-dev/idem/mysqlstore v0.1.0
+	github.com/idem-dev/idem/natsbroker v0.1.0
+	github.com/idem-dev/idem/pgstore v0.1.0
+	github.com/idem-dev/idem/redisstore v0.1.0
+	github.com/idem-dev/idem/storetest v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
@@ -47,7 +32,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
-	github.com/idem-dev/idem/internal/redisx v0.0.0 // indirect
+	github.com/idem-dev/idem/internal/redisx v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
