@@ -149,6 +149,36 @@ func (c *cell) inFlight(ctx context.Context) shm.Values {
 	return c.live()
 }
 
+// busy picks the fault's victim among ws: waits up to d for processes
+// whose slot (claims in handlers, outbox rows) is non-zero and draws one
+// of them (a Kafka consumer just restarted may own no partition yet);
+// with none busy by then, any running one, and busy false.
+func (c *cell) busy(ctx context.Context, ws []*worker, slot shm.Slot, d time.Duration) (*worker, *incarnation, bool) {
+	var cands []*worker
+	find := func() bool {
+		cands = cands[:0]
+		for _, w := range ws {
+			if inc := w.cur(); inc != nil && !inc.exited() && inc.ctr.Get(slot) > 0 {
+				cands = append(cands, w)
+			}
+		}
+		return len(cands) > 0
+	}
+	ok := waitFor(ctx, d, find)
+	if !ok {
+		for _, w := range ws {
+			if inc := w.cur(); inc != nil && !inc.exited() {
+				cands = append(cands, w)
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil, false
+	}
+	w := cands[c.intn(0, len(cands)-1)]
+	return w, w.cur(), ok
+}
+
 func storeErrs(v shm.Values) int64 { return v[shm.StoreErrors] + v[shm.ClaimErrors] }
 
 func (c *cell) killOne(ctx context.Context) {
@@ -157,23 +187,18 @@ func (c *cell) killOne(ctx context.Context) {
 	if relay {
 		ws, slot = c.relays, shm.RelayClaimed
 	}
-	w := ws[c.intn(0, len(ws)-1)]
-	inc := w.cur()
-	if inc == nil || inc.exited() {
-		return
-	}
 	wait := 10 * time.Second
 	if relay {
 		wait = 3 * time.Second
 	}
-	if !waitFor(ctx, wait, func() bool { return inc.ctr.Get(slot) > 0 }) && relay {
+	w, inc, busy := c.busy(ctx, ws, slot, wait)
+	if !busy && relay {
 		// The outbox is drained: nothing for a relay to hold any more.
-		relay, ws, slot = false, c.consumers, shm.InHandler
-		w = ws[c.intn(0, len(ws)-1)]
-		if inc = w.cur(); inc == nil || inc.exited() {
-			return
-		}
-		waitFor(ctx, 10*time.Second, func() bool { return inc.ctr.Get(slot) > 0 })
+		relay, slot = false, shm.InHandler
+		w, inc, _ = c.busy(ctx, c.consumers, slot, 10*time.Second)
+	}
+	if inc == nil {
+		return
 	}
 	v, err := w.freezeAndKill()
 	if err != nil {
@@ -195,12 +220,10 @@ func (c *cell) killOne(ctx context.Context) {
 }
 
 func (c *cell) stall(ctx context.Context) {
-	w := c.consumers[c.intn(0, len(c.consumers)-1)]
-	inc := w.cur()
-	if inc == nil || inc.exited() {
+	w, inc, _ := c.busy(ctx, c.consumers, shm.InHandler, 10*time.Second)
+	if inc == nil {
 		return
 	}
-	waitFor(ctx, 5*time.Second, func() bool { return inc.ctr.Get(shm.InHandler) > 0 })
 	if err := inc.signal(syscall.SIGSTOP); err != nil {
 		c.problem("stop %s: %v", w.name, err)
 		return
@@ -351,12 +374,10 @@ func (c *cell) outage(ctx context.Context) {
 }
 
 func (c *cell) clockStep(ctx context.Context) {
-	w := c.consumers[c.intn(0, len(c.consumers)-1)]
-	inc := w.cur()
-	if inc == nil || inc.exited() {
+	w, inc, _ := c.busy(ctx, c.consumers, shm.InHandler, 10*time.Second)
+	if inc == nil {
 		return
 	}
-	waitFor(ctx, 10*time.Second, func() bool { return inc.ctr.Get(shm.InHandler) > 0 })
 	step := 2 * c.r.cfg.Timing.lease()
 	if c.intn(0, 1) == 0 {
 		step = -step
