@@ -36,6 +36,19 @@ var alertCases = []alertCase{
 	{"IdemDuplicateRateHigh", `load 1m
 		idem_claims_total{` + ns + `,outcome="completed"} 0+4x30
 		idem_claims_total{` + ns + `,outcome="acquired"} 0+96x30`, 30 * time.Minute, false},
+	{"IdemHTTPDuplicateRateHigh", `load 1m
+		idem_http_claims_total{job="serve",outcome="completed"} 0+6x30
+		idem_http_claims_total{job="serve",outcome="acquired"} 0+94x30`, 30 * time.Minute, true},
+	{"IdemHTTPDuplicateRateHigh", `load 1m
+		idem_http_claims_total{job="serve",outcome="completed"} 0+4x30
+		idem_http_claims_total{job="serve",outcome="acquired"} 0+96x30
+		idem_http_claims_total{job="serve",outcome="error"} 0+50x30`, 30 * time.Minute, false},
+	{"IdemHTTPServerErrors", `load 1m
+		idem_http_requests_total{job="serve",route="claim",code="503"} 0+10x10
+		idem_http_requests_total{job="serve",route="claim",code="201"} 0+90x10`, 10 * time.Minute, true},
+	{"IdemHTTPServerErrors", `load 1m
+		idem_http_requests_total{job="serve",route="claim",code="409"} 0+10x10
+		idem_http_requests_total{job="serve",route="claim",code="201"} 0+90x10`, 10 * time.Minute, false},
 	{"IdemStoreErrors", `load 1m
 		idem_store_errors_total{` + ns + `,operation="complete",class="unknown_outcome"} 0+1x30`, 30 * time.Minute, true},
 	{"IdemStoreErrors", `load 1m
@@ -139,8 +152,8 @@ func TestAlertsFire(t *testing.T) {
 			t.Errorf("%s fired=%v, want %v on\n%s\nresult: %v", c.alert, fired, c.fires, c.load, v)
 		}
 		for _, s := range v {
-			if s.Metric.Get("idem_namespace") != "orders" {
-				t.Errorf("%s: result %v lost the idem_namespace label", c.alert, s.Metric)
+			if s.Metric.Get("idem_namespace") != "orders" && s.Metric.Get("job") != "serve" {
+				t.Errorf("%s: result %v lost the idem_namespace (or job) label", c.alert, s.Metric)
 			}
 		}
 		if c.fires {

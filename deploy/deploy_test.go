@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,9 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/deploy"
+	"github.com/idem-dev/idem/faultstore"
+	"github.com/idem-dev/idem/httpapi"
+	"github.com/idem-dev/idem/memstore"
 	"github.com/idem-dev/idem/outbox"
 	"github.com/idem-dev/idem/promidem"
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,9 +47,46 @@ type fakeLag struct{}
 
 func (fakeLag) Lag(context.Context) (int64, error) { return 0, nil }
 
-// exported gathers what a promidem collector with every source watched
-// exports: series name -> label name -> values (histograms also under
-// their _bucket, _sum and _count names; _bucket has le).
+// httpMetrics drives an httpapi handler (idem serve's) through claims of
+// each outcome, a 404 and a 503 (store down), and returns its metrics
+// writer.
+func httpMetrics(t *testing.T) func(io.Writer) error {
+	t.Helper()
+	st, err := memstore.New(memstore.Config{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	fs := faultstore.New(st)
+	h, err := httpapi.New(httpapi.Config{Store: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(method, path, body string) map[string]any {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(body)))
+		var m map[string]any
+		_ = json.Unmarshal(w.Body.Bytes(), &m)
+		return m
+	}
+	r := do("POST", "/v1/claim", `{"key":"k1","fingerprint":"YQ=="}`)
+	do("POST", "/v1/complete", fmt.Sprintf(`{"key":"k1","token":%v}`, r["token"]))
+	do("POST", "/v1/claim", `{"key":"k1"}`)                      // completed
+	do("POST", "/v1/claim", `{"key":"k1","fingerprint":"Yg=="}`) // fingerprint_mismatch
+	r = do("POST", "/v1/claim", `{"key":"k2"}`)
+	do("POST", "/v1/claim", `{"key":"k2"}`) // in_progress
+	do("POST", "/v1/fail", fmt.Sprintf(`{"key":"k2","token":%v}`, r["token"]))
+	do("POST", "/v1/claim", `{"key":"k2"}`) // failed
+	do("GET", "/nope", "")
+	fs.SetDown(true)
+	do("POST", "/v1/claim", `{"key":"k3"}`) // error, 503
+	return h.WriteMetrics
+}
+
+// exported gathers what a promidem collector with every source plugged
+// in, and idem serve's HTTP API, export: series name -> label name ->
+// values (histograms also under their _bucket, _sum and _count names;
+// _bucket has le).
 func exported(t *testing.T) map[string]map[string][]string {
 	t.Helper()
 	col, err := promidem.New(promidem.Config{Namespace: "ns"})
@@ -56,9 +97,11 @@ func exported(t *testing.T) map[string]map[string][]string {
 	col.WatchConsumer(fakeConsumer{})
 	col.WatchLag(fakeLag{})
 	col.OutboxHooks().OnStats(context.Background(), outbox.Stats{At: time.Now()})
+	col.GuardHooks()
+	col.ConsumerHooks()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)
-	mfs, err := reg.Gather()
+	mfs, err := prometheus.Gatherers{reg, promidem.TextGatherer(httpMetrics(t))}.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +236,7 @@ func TestRules(t *testing.T) {
 			}
 		}
 	}
-	for _, a := range []string{"IdemDuplicateRateHigh", "IdemStoreErrors", "IdemFailOpenPasses",
+	for _, a := range []string{"IdemDuplicateRateHigh", "IdemHTTPDuplicateRateHigh", "IdemStoreErrors", "IdemFailOpenPasses",
 		"IdemUnrecordedCompletions", "IdemUnrecordedCompletionsAbandoned", "IdemDeadLetters", "IdemRecordsGrowing"} {
 		if !alerts[a] {
 			t.Errorf("alert %s missing", a)
@@ -237,7 +280,8 @@ var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__range", "1h"
 // TestDashboard: the dashboard JSON parses; it has the datasource and
 // namespace variables; every panel but rows has a query on the datasource
 // variable, and every query parses and names exported metrics and label
-// values; panel ids are unique and panels do not overlap on the 24-column
+// values (the namespace filter on every metric that has idem_namespace);
+// panel ids are unique and panels do not overlap on the 24-column
 // grid.
 func TestDashboard(t *testing.T) {
 	var d dashboard
@@ -293,8 +337,19 @@ func TestDashboard(t *testing.T) {
 			t.Errorf("panel %q: no query", p.Title)
 		}
 		for _, tg := range p.Targets {
-			if !strings.Contains(tg.Expr, `idem_namespace=~"$namespace"`) {
-				t.Errorf("panel %q, query %s: not filtered by the namespace variable: %s", p.Title, tg.RefID, tg.Expr)
+			if e, err := promqlParser.ParseExpr(grafanaVars.Replace(tg.Expr)); err == nil {
+				for _, ms := range parser.ExtractSelectors(e) {
+					name, filtered := "", false
+					for _, m := range ms {
+						if m.Name == labels.MetricName {
+							name = m.Value
+						}
+						filtered = filtered || (m.Name == "idem_namespace" && m.Value == ".*")
+					}
+					if _, has := metrics[name]["idem_namespace"]; has && !filtered {
+						t.Errorf("panel %q, query %s: %s not filtered by the namespace variable", p.Title, tg.RefID, name)
+					}
+				}
 			}
 			checkExpr(t, fmt.Sprintf("panel %q query %s", p.Title, tg.RefID), grafanaVars.Replace(tg.Expr), metrics, recorded)
 			queries++

@@ -13,6 +13,7 @@ import (
 // outcome, takeovers, settles, store errors and latencies, fail-open
 // passes, lost leases and unrecorded completions.
 func (c *Collector) GuardHooks() idem.Hooks {
+	c.used[srcGuard].Store(true)
 	return idem.Hooks{
 		OnClaim:      c.onClaim,
 		OnSettle:     c.onSettle,
@@ -120,6 +121,7 @@ func (c *Collector) onUnrecorded(_ context.Context, e idem.UnrecordedEvent) {
 // Pass the consumer to WatchConsumer too for its in-flight and held
 // gauges.
 func (c *Collector) ConsumerHooks() consumer.Hooks {
+	c.used[srcConsumer].Store(true)
 	return consumer.Hooks{
 		OnAck: func(_ context.Context, e consumer.AckEvent) {
 			if e.Duplicate {
@@ -160,6 +162,7 @@ func (c *Collector) ConsumerHooks() consumer.Hooks {
 // rows and the oldest pending age. One relay per Collector: the stats of
 // the last snapshot are shown.
 func (c *Collector) OutboxHooks() outbox.Hooks {
+	c.used[srcOutbox].Store(true)
 	return outbox.Hooks{
 		OnPublished: func(_ context.Context, e outbox.PublishedEvent) {
 			c.outboxPublished.Add(float64(len(e.Rows)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,6 +92,8 @@ func TestPollTimeout(t *testing.T) {
 // watchAll gives col a source of every kind, so that every metric
 // family is exported.
 func watchAll(col *promidem.Collector) {
+	col.GuardHooks()
+	col.ConsumerHooks()
 	col.WatchStore(&fakeStater{st: idem.Stats{Completed: 1}})
 	col.WatchConsumer(fakeConsumer{consumer.Stats{InFlight: 2, HeldNow: 1, SettleErrors: 5}})
 	col.WatchLag(&fakeLag{n: 7})
@@ -131,4 +134,31 @@ func TestLintAndNoKeyLabels(t *testing.T) {
 		t.Fatalf("series: %d before 1000 keys, %d after", before, len(got))
 	}
 	want(t, got, map[string]float64{`idem_claims_total{idem_namespace="orders",outcome="completed"}`: 1000})
+}
+
+// TestOnlyPluggedSourcesExported: a collector that only counts records
+// (as idem serve uses it) exports idem_records and its poll errors, no
+// zero series of guards, consumers or relays it is not plugged into; the
+// guard's families appear once its hooks are taken.
+func TestOnlyPluggedSourcesExported(t *testing.T) {
+	col, reg := newCollector(t, promidem.Config{})
+	col.WatchStore(&fakeStater{st: idem.Stats{Completed: 2}})
+	names := func() []string {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, mf := range mfs {
+			out = append(out, mf.GetName())
+		}
+		return out
+	}
+	if got := fmt.Sprint(names()); got != "[idem_poll_errors_total idem_records]" {
+		t.Fatalf("families %s", got)
+	}
+	col.GuardHooks()
+	if got := names(); !slices.Contains(got, "idem_claims_total") || slices.Contains(got, "idem_consumer_acks_total") {
+		t.Fatalf("after GuardHooks: %v", got)
+	}
 }

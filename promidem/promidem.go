@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -101,13 +102,21 @@ func (c Config) withDefaults() Config {
 //	prometheus.MustRegister(col)
 //	guard, _ := idem.NewGuard(store, idem.WithHooks(col.GuardHooks()))
 //
-// Every series with a fixed label set exists from the start at zero, so
-// rates and ratios are defined before the first event. Hooks are safe for
-// concurrent use and cost a few atomic adds per event.
+// A Collector exports the families of the sources plugged into it: the
+// guard's once GuardHooks was called, the consumer's once ConsumerHooks
+// was, and so on; from then on every series of those families with a
+// fixed label set exists at zero, so rates and ratios are defined before
+// the first event. Hooks are safe for concurrent use and cost a few
+// atomic adds per event.
 type Collector struct {
 	cfg   Config
 	descs []*prometheus.Desc // polled metrics
-	vecs  []prometheus.Collector
+	vecs  []sourced
+	// used[src]: the hooks of src were handed out (or, for srcPoll, a
+	// store or subscription is watched); only those families are
+	// collected, so a collector used for record counts alone exports no
+	// zero guard or consumer series.
+	used [numSources]atomic.Bool
 
 	claims        [7]prometheus.Counter
 	takeovers     prometheus.Counter
@@ -149,6 +158,32 @@ type Collector struct {
 	}
 }
 
+// sourced is a metric vector and the source that feeds it.
+type sourced struct {
+	src int
+	v   prometheus.Collector
+}
+
+const (
+	srcGuard = iota
+	srcConsumer
+	srcOutbox
+	srcPoll
+	numSources
+)
+
+func sourceIndex(source string) int {
+	switch source {
+	case sourceGuard:
+		return srcGuard
+	case sourceConsumer:
+		return srcConsumer
+	case sourceOutbox:
+		return srcOutbox
+	}
+	return srcPoll
+}
+
 // StatsSource is what WatchConsumer reads: *consumer.Consumer.
 type StatsSource interface{ Stats() consumer.Stats }
 
@@ -176,13 +211,13 @@ func New(cfg Config) (*Collector, error) {
 	counter := func(name string) *prometheus.CounterVec {
 		d := defOf(name)
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: d.name, Help: d.help, ConstLabels: cl}, d.labels)
-		c.vecs = append(c.vecs, v)
+		c.vecs = append(c.vecs, sourced{sourceIndex(d.source), v})
 		return v
 	}
 	histogram := func(name string, buckets []float64) *prometheus.HistogramVec {
 		d := defOf(name)
 		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: d.name, Help: d.help, ConstLabels: cl, Buckets: buckets}, d.labels)
-		c.vecs = append(c.vecs, v)
+		c.vecs = append(c.vecs, sourced{sourceIndex(d.source), v})
 		return v
 	}
 	desc := func(name string) *prometheus.Desc {
@@ -256,6 +291,7 @@ func (c *Collector) WatchStore(s idem.Stater) {
 	c.staters = append(c.staters, s)
 	c.records.at = time.Time{}
 	c.mu.Unlock()
+	c.used[srcPoll].Store(true)
 }
 
 // WatchConsumer adds a consumer whose in-flight and held deliveries and
@@ -278,12 +314,13 @@ func (c *Collector) WatchLag(r broker.LagReporter) {
 	c.lags = append(c.lags, r)
 	c.lag.at = time.Time{}
 	c.mu.Unlock()
+	c.used[srcPoll].Store(true)
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, v := range c.vecs {
-		v.Describe(ch)
+		v.v.Describe(ch)
 	}
 	for _, d := range c.descs {
 		ch <- d
@@ -297,7 +334,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.collectPolled(ch)
 	for _, v := range c.vecs { // after the polls: their errors count now
-		v.Collect(ch)
+		if c.used[v.src].Load() {
+			v.v.Collect(ch)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -181,7 +182,22 @@ func runServe(ctx context.Context, g *globals, c serveConfig) error {
 		cfg.Tokens = append(cfg.Tokens, httpapi.Token{Namespace: ns, Secret: tok, Store: s})
 		first = s
 	}
-	h, err := httpapi.New(cfg)
+	var served []idem.Store // one handle per namespace (tokens may share one)
+	if cfg.Store != nil {
+		served = append(served, cfg.Store)
+	}
+	seen := map[string]bool{}
+	for _, tk := range cfg.Tokens {
+		if !seen[tk.Namespace] {
+			seen[tk.Namespace] = true
+			served = append(served, tk.Store)
+		}
+	}
+	var h *httpapi.Handler
+	if cfg.Metrics, err = serveMetrics(func(w io.Writer) error { return h.WriteMetrics(w) }, served); err != nil {
+		return err
+	}
+	h, err = httpapi.New(cfg)
 	if err != nil {
 		return usageError("%v", err)
 	}
