@@ -1,21 +1,37 @@
 //go:build alerteval
 
-// The alert evaluation builds Prometheus's query engine and test storage
-// (about a minute of compiling on a cold cache), so it runs on demand:
+// Loading the rules with Prometheus's own code and evaluating the alerts
+// builds its query engine and test storage (a minute or two of compiling
+// on a cold cache), so they run on demand:
 //
 //	go test -tags alerteval ./deploy
 //
-// The default run checks the rule file's syntax and metric names.
+// The default run decodes the rule file strictly and checks its syntax
+// and metric names.
 
 package deploy_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+
 	"github.com/prometheus/prometheus/promql/promqltest"
 )
+
+// TestRulesLoadInPrometheus: the rule file loads with Prometheus's own
+// loader (rulefmt: YAML, PromQL, templates with Prometheus's functions).
+func TestRulesLoadInPrometheus(t *testing.T) {
+	_, errs := rulefmt.ParseFile(rulesPath, false, model.UTF8Validation, promqlParser, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, err := range errs {
+		t.Error(err)
+	}
+}
 
 // alertCase is a set of series (promqltest's load syntax) and whether an
 // alert's expression selects anything at the end of them.

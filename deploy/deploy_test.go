@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -22,9 +21,7 @@ import (
 	"github.com/idem-dev/idem/promidem"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
-	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 )
 
@@ -192,20 +189,8 @@ func checkExpr(t *testing.T, where, expr string, metrics map[string]map[string][
 	}
 }
 
-func loadRules(t *testing.T) *rulefmt.RuleGroups {
-	t.Helper()
-	rgs, errs := rulefmt.ParseFile(rulesPath, false, model.UTF8Validation, promqlParser, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	for _, err := range errs {
-		t.Error(err)
-	}
-	if len(errs) > 0 {
-		t.FailNow()
-	}
-	return rgs
-}
-
-// TestRules: the rule file parses and validates as Prometheus loads it
-// (rulefmt: YAML, PromQL, templates), every expression names exported
+// TestRules: the rule file decodes and validates (loadRules), every
+// expression names exported
 // metrics and label values, every alert has a severity, a summary and a
 // description, and the alerts issue 17 asks for are there.
 func TestRules(t *testing.T) {
