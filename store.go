@@ -166,8 +166,9 @@ type Store interface {
 }
 
 // BatchResult is one entry of a batch claim. Err is a per-key error
-// (ErrInvalidKey, ErrInvalidArgument, ErrFingerprintMismatch); when it is set
-// Claim is zero.
+// (ErrInvalidKey, ErrInvalidArgument, ErrFingerprintMismatch, or ErrCorrupt
+// for a stored record that cannot be decoded: that key alone fails, the
+// other entries are applied); when it is set Claim is zero.
 type BatchResult struct {
 	Claim Claim
 	Err   error
@@ -195,7 +196,7 @@ type Completion struct {
 // in one round-trip (the settle half of a batch consumer, seed 000). Each
 // entry is applied as Complete would apply it, independently of the others,
 // and errs[i] is what Complete would have returned for cs[i] (nil,
-// ErrFenced, ErrNotFound, ErrInvalidKey, ErrInvalidArgument). A returned
+// ErrFenced, ErrNotFound, ErrInvalidKey, ErrInvalidArgument, ErrCorrupt). A returned
 // error means the call as a whole failed and any subset of it may have been
 // applied; since Complete is idempotent per token, retrying is safe.
 type BatchCompleter interface {
