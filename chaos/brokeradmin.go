@@ -201,5 +201,11 @@ func (a *brokerAdmin) idle(ctx context.Context) (bool, string, error) {
 		return false, "", l.Error()
 	}
 	total := l.Lag.Total()
-	return total == 0, fmt.Sprintf("lag %d", total), nil
+	state := fmt.Sprintf("lag %d", total)
+	if ds, err := a.ka.DescribeGroups(ctx, a.bs.Group); err == nil {
+		if d, ok := ds[a.bs.Group]; ok {
+			state += fmt.Sprintf(", group %s with %d members", d.State, len(d.Members))
+		}
+	}
+	return total == 0, state, nil
 }

@@ -143,10 +143,14 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) bool {
 }
 
 // inFlight waits (up to 10 s) for the consumers to hold claims, so a
-// fault starts on in-flight work, and returns their counters.
-func (c *cell) inFlight(ctx context.Context) shm.Values {
-	waitFor(ctx, 10*time.Second, func() bool { return c.live()[shm.InHandler] > 0 })
-	return c.live()
+// fault starts on in-flight work, and returns their counters; ok false:
+// nothing held (the work is done), and the fault is skipped.
+func (c *cell) inFlight(ctx context.Context, what string) (shm.Values, bool) {
+	ok := waitFor(ctx, 10*time.Second, func() bool { return c.live()[shm.InHandler] > 0 })
+	if !ok {
+		c.logf("no claims in flight: no %s this round", what)
+	}
+	return c.live(), ok
 }
 
 // busy picks the fault's victim among ws: waits up to d for processes
@@ -195,12 +199,17 @@ func (c *cell) killOne(ctx context.Context) {
 	if !busy && relay {
 		// The outbox is drained: nothing for a relay to hold any more.
 		relay, slot = false, shm.InHandler
-		w, inc, _ = c.busy(ctx, c.consumers, slot, 10*time.Second)
+		w, inc, busy = c.busy(ctx, c.consumers, slot, 10*time.Second)
 	}
-	if inc == nil {
+	if !busy {
+		c.logf("no process holds work: no kill this round")
 		return
 	}
-	v, err := w.freezeAndKill()
+	holds := func(v shm.Values) bool { return v[shm.InHandler] > 0 || v[shm.Unsettled] > 0 }
+	if relay {
+		holds = func(v shm.Values) bool { return v[shm.RelayClaimed] > 0 }
+	}
+	v, err := w.freezeAndKill(holds, 3*time.Second)
 	if err != nil {
 		c.problem("kill %s: %v", w.name, err)
 	}
@@ -220,8 +229,9 @@ func (c *cell) killOne(ctx context.Context) {
 }
 
 func (c *cell) stall(ctx context.Context) {
-	w, inc, _ := c.busy(ctx, c.consumers, shm.InHandler, 10*time.Second)
-	if inc == nil {
+	w, inc, busy := c.busy(ctx, c.consumers, shm.InHandler, 10*time.Second)
+	if !busy {
+		c.logf("no consumer holds claims: no stall this round")
 		return
 	}
 	if err := inc.signal(syscall.SIGSTOP); err != nil {
@@ -253,7 +263,10 @@ func (c *cell) stall(ctx context.Context) {
 }
 
 func (c *cell) restartStore(ctx context.Context) {
-	v := c.inFlight(ctx)
+	v, ok := c.inFlight(ctx, "store restart")
+	if !ok {
+		return
+	}
 	if err := c.storeSrv.Crash(); err != nil {
 		c.problem("crash store: %v", err)
 		return
@@ -272,7 +285,10 @@ func (c *cell) restartStore(ctx context.Context) {
 }
 
 func (c *cell) restartBroker(ctx context.Context) {
-	waitFor(ctx, 10*time.Second, func() bool { return c.live()[shm.Unsettled] > 0 })
+	if !waitFor(ctx, 10*time.Second, func() bool { return c.live()[shm.Unsettled] > 0 }) {
+		c.logf("no deliveries unsettled: no broker restart this round")
+		return
+	}
 	v := c.live()
 	if err := c.brokerSrv.Crash(); err != nil {
 		c.problem("crash broker: %v", err)
@@ -305,7 +321,10 @@ var toxics = []struct {
 
 func (c *cell) toxic(ctx context.Context) {
 	tx := toxics[c.intn(0, len(toxics)-1)]
-	v := c.inFlight(ctx)
+	v, ok := c.inFlight(ctx, "proxy fault")
+	if !ok {
+		return
+	}
 	if err := c.proxy.Toxic(tx.json); err != nil {
 		c.problem("toxic %s: %v", tx.name, err)
 		return
@@ -327,7 +346,10 @@ func (c *cell) partition(ctx context.Context) {
 		c.addFault(Fault{Kind: "partition", Target: c.Store, Evidence: "not run: no network namespace (needs root and iproute2)"})
 		return
 	}
-	v := c.inFlight(ctx)
+	v, ok := c.inFlight(ctx, "partition")
+	if !ok {
+		return
+	}
 	if err := ns.Partition(true); err != nil {
 		c.problem("partition: %v", err)
 		return
@@ -356,7 +378,10 @@ func (c *cell) outageLength() time.Duration {
 }
 
 func (c *cell) outage(ctx context.Context) {
-	v := c.inFlight(ctx)
+	v, ok := c.inFlight(ctx, "outage")
+	if !ok {
+		return
+	}
 	if err := c.proxy.Down(true); err != nil {
 		c.problem("outage: %v", err)
 		return
@@ -374,8 +399,9 @@ func (c *cell) outage(ctx context.Context) {
 }
 
 func (c *cell) clockStep(ctx context.Context) {
-	w, inc, _ := c.busy(ctx, c.consumers, shm.InHandler, 10*time.Second)
-	if inc == nil {
+	w, inc, busy := c.busy(ctx, c.consumers, shm.InHandler, 10*time.Second)
+	if !busy {
+		c.logf("no consumer holds claims: no clock step this round")
 		return
 	}
 	step := 2 * c.r.cfg.Timing.lease()

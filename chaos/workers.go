@@ -141,19 +141,30 @@ func (inc *incarnation) exited() bool {
 
 func (inc *incarnation) signal(sig syscall.Signal) error { return inc.cmd.Process.Signal(sig) }
 
-// freezeAndKill stops the process, reads its counters (frozen: exactly
-// what it held), and kills it with SIGKILL.
-func (w *worker) freezeAndKill() (shm.Values, error) {
+// freezeAndKill stops the process and reads its counters (frozen: exactly
+// what it holds); while they show none of the work holds looks for, it
+// lets the process go on for a moment and stops it again, for up to
+// patience; then it kills it with SIGKILL and returns what it held.
+func (w *worker) freezeAndKill(holds func(shm.Values) bool, patience time.Duration) (shm.Values, error) {
 	inc := w.cur()
 	if inc == nil || inc.exited() {
 		return shm.Values{}, errors.New(w.name + " is not running")
 	}
 	inc.expect.Store(true)
-	if err := inc.signal(syscall.SIGSTOP); err != nil {
-		return shm.Values{}, err
+	deadline := time.Now().Add(patience)
+	var v shm.Values
+	for {
+		if err := inc.signal(syscall.SIGSTOP); err != nil {
+			return shm.Values{}, err
+		}
+		time.Sleep(5 * time.Millisecond) // let the stop land on every thread
+		v = inc.ctr.Snapshot()
+		if holds(v) || time.Now().After(deadline) {
+			break
+		}
+		_ = inc.signal(syscall.SIGCONT)
+		time.Sleep(time.Duration(5+len(w.name)%7) * time.Millisecond)
 	}
-	time.Sleep(5 * time.Millisecond) // let the stop land on every thread
-	v := inc.ctr.Snapshot()
 	if err := inc.signal(syscall.SIGKILL); err != nil {
 		return v, err
 	}
