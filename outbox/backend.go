@@ -170,8 +170,24 @@ func (s Stats) OldestAge() time.Duration {
 // returns nil) or the notification channel fails for good; it reconnects
 // after transient failures and calls wake after each reconnect, since
 // notifications sent meanwhile are lost.
+//
+// A backend whose notifications can be switched off also has a method
+// Notifies() bool; the relay listens, and polls only as a safety net, when
+// it reports true.
 type Notifier interface {
 	Listen(ctx context.Context, wake func()) error
+}
+
+// notifierOf returns b's Notifier when b sends notifications.
+func notifierOf(b Backend) Notifier {
+	n, ok := b.(Notifier)
+	if !ok {
+		return nil
+	}
+	if s, ok := b.(interface{ Notifies() bool }); ok && !s.Notifies() {
+		return nil
+	}
+	return n
 }
 
 // RequeueFailed re-queues every failed row of b (an operator's "retry all

@@ -136,7 +136,7 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
-		if _, ok := c.Backend.(Notifier); ok {
+		if notifierOf(c.Backend) != nil {
 			c.PollInterval = DefaultNotifyPoll
 		}
 	}
@@ -208,7 +208,7 @@ func New(cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg.withDefaults()}
-	r.notifier, _ = cfg.Backend.(Notifier)
+	r.notifier = notifierOf(cfg.Backend)
 	return r, nil
 }
 

@@ -3,12 +3,14 @@ package mysqloutbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"io"
 	"log"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/mysqlstore/mysqloutbox"
 	"github.com/idem-dev/idem/mysqlstore/mysqltest"
 	"github.com/idem-dev/idem/outbox"
@@ -32,7 +34,7 @@ func ctxT(t testing.TB) context.Context {
 func newOutbox(t testing.TB) (*mysqloutbox.Outbox, *sql.DB) {
 	t.Helper()
 	_, db := mysqltest.NewDB(t)
-	cfg := mysqloutbox.Config{DB: db, Table: "outbox", NewID: outboxtest.NewID(), Logger: outboxtest.Quiet()}
+	cfg := mysqloutbox.Config{DB: db, Table: "outbox", NewID: outboxtest.NewID(), Ordered: true, Logger: outboxtest.Quiet()}
 	if err := mysqloutbox.Migrate(ctxT(t), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -76,4 +78,21 @@ func TestConformance(t *testing.T) {
 			Crash: mysqloutbox.CrashBatch(db),
 		}
 	}, outboxtest.Features{ConcurrentTx: true})
+}
+
+// TestOrderedNeedsIndex: without Config.Ordered (and its index) ordered
+// claims are refused rather than run as a scan.
+func TestOrderedNeedsIndex(t *testing.T) {
+	_, db := mysqltest.NewDB(t)
+	cfg := mysqloutbox.Config{DB: db, Table: "outbox"}
+	if err := mysqloutbox.Migrate(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := mysqloutbox.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Claim(ctxT(t), outbox.ClaimRequest{Limit: 1, Ordered: true}); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("ordered claim without the index: %v", err)
+	}
 }

@@ -40,8 +40,12 @@ type Config struct {
 	VersionTable string
 	// NewID makes the ID of a message enqueued without one, e.g. a
 	// snowflake.Generator's NextString. Nil: such messages are refused.
-	NewID  func() (string, error)
-	Logger *slog.Logger
+	NewID func() (string, error)
+	// Ordered makes Migrate create the index that ordered claims
+	// (outbox.Config.Ordered) need, at the cost of one more index entry
+	// per enqueued message; without it ordered claims are refused.
+	Ordered bool
+	Logger  *slog.Logger
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -183,6 +187,9 @@ const rowCols = "seq, id, topic, k, headers, payload, attempts, next_attempt_at,
 func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Batch, error) {
 	if req.Limit < 1 {
 		return nil, fmt.Errorf("%w: mysqloutbox: claim limit %d < 1", idem.ErrInvalidArgument, req.Limit)
+	}
+	if req.Ordered && !o.cfg.Ordered {
+		return nil, fmt.Errorf("%w: mysqloutbox: ordered claims need Config.Ordered (and its index, made by Migrate)", idem.ErrInvalidArgument)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -7,15 +7,16 @@ import (
 	"github.com/idem-dev/idem/pgstore/pgoutbox"
 )
 
-// TestConformance runs the outbox suite on PostgreSQL, with NOTIFY on (the
-// default) and off (relays poll).
+// TestConformance runs the outbox suite on PostgreSQL in each notify mode
+// (after-commit: the harness's transactions call Notify after Commit).
 func TestConformance(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mod  func(c *pgoutbox.Config)
 	}{
-		{"notify", nil},
-		{"poll", func(c *pgoutbox.Config) { c.NoNotify = true }},
+		{"notify-in-tx", nil},
+		{"notify-after-commit", func(c *pgoutbox.Config) { c.Notify = pgoutbox.NotifyAfterCommit }},
+		{"poll", func(c *pgoutbox.Config) { c.Notify = pgoutbox.NotifyOff }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			outboxtest.Run(t, func(t testing.TB) outboxtest.Harness { return harness(t, tc.mod) },

@@ -2,7 +2,9 @@
 // writes messages inside the caller's pgx.Tx, in the same transaction as
 // the business change, and Outbox is the outbox.Backend a relay claims from
 // (FOR UPDATE SKIP LOCKED: any number of relays at once), with
-// LISTEN/NOTIFY wake-ups (outbox.Notifier).
+// LISTEN/NOTIFY wake-ups (outbox.Notifier): NOTIFY inside the enqueuing
+// transaction by default, or after its commit (NotifyAfterCommit, cheaper
+// under concurrency), or none (relays poll).
 //
 //	ob, _ := pgoutbox.New(pgoutbox.Config{Pool: pool, NewID: gen.NextString})
 //	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -112,7 +112,7 @@ func ctxT(t testing.TB) context.Context {
 func newOutbox(t testing.TB, mod func(c *pgoutbox.Config)) (*pgoutbox.Outbox, pgoutbox.Config) {
 	t.Helper()
 	p := sharedPool(t)
-	cfg := pgoutbox.Config{Pool: p, Schema: testSchema(t, p), Table: "outbox", NewID: outboxtest.NewID(), Logger: outboxtest.Quiet()}
+	cfg := pgoutbox.Config{Pool: p, Schema: testSchema(t, p), Table: "outbox", NewID: outboxtest.NewID(), Ordered: true, Logger: outboxtest.Quiet()}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -123,6 +123,7 @@ func newOutbox(t testing.TB, mod func(c *pgoutbox.Config)) (*pgoutbox.Outbox, pg
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { ob.Close() })
 	if err := ob.CheckSchema(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,13 @@ type pgTx struct {
 func (t pgTx) Enqueue(ctx context.Context, msgs ...outbox.Message) ([]string, error) {
 	return t.ob.Enqueue(ctx, t.tx, msgs...)
 }
-func (t pgTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t pgTx) Commit(ctx context.Context) error {
+	if err := t.tx.Commit(ctx); err != nil {
+		return err
+	}
+	t.ob.Notify() // a no-op unless NotifyAfterCommit
+	return nil
+}
 func (t pgTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
 
 func harness(t testing.TB, mod func(c *pgoutbox.Config)) outboxtest.Harness {

@@ -24,15 +24,23 @@ func enqueueCommit(t *testing.T, ob *pgoutbox.Outbox, cfg pgoutbox.Config) strin
 	if err != nil {
 		t.Fatal(err)
 	}
+	ob.Notify()
 	return ids[0]
 }
 
 // TestNotifyWakesRelay: a relay that would look again only in an hour
 // publishes messages committed after it went idle: the NOTIFY sent in the
-// enqueuing transaction woke it. Then the listening connection is
-// terminated by the server; the relay reconnects and is woken again.
+// enqueuing transaction (or by Notify after its commit) woke it. Then the
+// listening connection is terminated by the server; the relay reconnects
+// and is woken again.
 func TestNotifyWakesRelay(t *testing.T) {
-	ob, cfg := newOutbox(t, nil)
+	for _, mode := range []pgoutbox.NotifyMode{pgoutbox.NotifyInTx, pgoutbox.NotifyAfterCommit} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) { testNotifyWakesRelay(t, mode) })
+	}
+}
+
+func testNotifyWakesRelay(t *testing.T, mode pgoutbox.NotifyMode) {
+	ob, cfg := newOutbox(t, func(c *pgoutbox.Config) { c.Notify = mode })
 	rec := outboxtest.NewRecorder()
 	relay, err := outbox.New(outbox.Config{Backend: ob, Publisher: rec, PollInterval: time.Hour, Logger: outboxtest.Quiet()})
 	if err != nil {

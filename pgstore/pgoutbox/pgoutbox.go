@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -33,14 +34,51 @@ type Config struct {
 	// NewID makes the ID of a message enqueued without one, e.g. a
 	// snowflake.Generator's NextString. Nil: such messages are refused.
 	NewID func() (string, error)
-	// NoNotify stops Enqueue from sending NOTIFY (relays then find new
-	// rows by polling). NOTIFY makes committing transactions take a
-	// database-wide lock in turn; see docs/outbox.md for what it costs.
-	NoNotify bool
+	// Notify says how relays learn of new rows (default NotifyInTx).
+	Notify NotifyMode
 	// Channel is the LISTEN/NOTIFY channel (default "<schema>.<table>",
 	// cut to 63 bytes).
 	Channel string
+	// Ordered makes Migrate create the index that ordered claims
+	// (outbox.Config.Ordered: a key's later message waits for the earlier)
+	// need, at the cost of one more index entry per enqueued message with a
+	// key; without it ordered claims are refused.
+	Ordered bool
 	Logger  *slog.Logger
+}
+
+// NotifyMode says how listening relays are woken.
+type NotifyMode uint8
+
+const (
+	// NotifyInTx: Enqueue sends NOTIFY inside the caller's transaction, in
+	// the same round trip as its INSERT; PostgreSQL delivers it at commit.
+	// Simplest, nothing to call. Cost: a notifying transaction holds a
+	// database-wide lock from its commit's start to its end, so the commits
+	// of enqueuing transactions cannot share an fsync (see
+	// docs/benchmarks/outbox.md).
+	NotifyInTx NotifyMode = iota
+	// NotifyAfterCommit: Enqueue sends nothing; the caller calls
+	// Outbox.Notify after its transaction commits, and a background
+	// connection sends one NOTIFY per burst of calls. Same wake-ups without
+	// the lock in the business transactions. A commit the caller does not
+	// report is found by the relay's poll (1s).
+	NotifyAfterCommit
+	// NotifyOff: no notifications; relays poll (outbox.Config.PollInterval,
+	// 100ms by default).
+	NotifyOff
+)
+
+func (m NotifyMode) String() string {
+	switch m {
+	case NotifyInTx:
+		return "in-tx"
+	case NotifyAfterCommit:
+		return "after-commit"
+	case NotifyOff:
+		return "off"
+	}
+	return fmt.Sprintf("notify(%d)", uint8(m))
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -79,6 +117,8 @@ func (c Config) Validate() error {
 		return bad("table %q: use letters, digits and '_' (at most 48)", c.Table)
 	case len(c.Channel) > 63:
 		return bad("channel %q longer than 63 bytes", c.Channel)
+	case c.Notify > NotifyOff:
+		return bad("unknown notify mode %d", c.Notify)
 	}
 	return nil
 }
@@ -91,6 +131,12 @@ type Outbox struct {
 	pool *pgxpool.Pool
 	tbl  string // quoted schema.table
 	sql  statements
+
+	notifyOnce sync.Once
+	notifyCh   chan struct{} // NotifyAfterCommit: a burst of Notify calls
+	stop       chan struct{}
+	stopped    sync.WaitGroup
+	closeOnce  sync.Once
 }
 
 var (
@@ -104,7 +150,7 @@ func New(cfg Config) (*Outbox, error) {
 		return nil, err
 	}
 	c := cfg.withDefaults()
-	o := &Outbox{cfg: c, pool: c.Pool, tbl: ident(c.Schema, c.Table)}
+	o := &Outbox{cfg: c, pool: c.Pool, tbl: ident(c.Schema, c.Table), notifyCh: make(chan struct{}, 1), stop: make(chan struct{})}
 	o.sql = newStatements(o.tbl, ident(c.Channel))
 	return o, nil
 }
@@ -135,17 +181,19 @@ ORDER BY v.ord`,
 		// (key, seq) WHERE status = 0 answers that.
 		claimOrdered: fmt.Sprintf(claim, `
 AND (o.key = '' OR NOT EXISTS (SELECT 1 FROM `+tbl+` p WHERE p.status = 0 AND p.key = o.key AND p.seq < o.seq))`),
+		// Rows are found by id, the primary key: seq has no index of
+		// its own (one index less per enqueue).
 		sent: `UPDATE ` + tbl + ` SET status = 1, attempts = attempts + 1, updated_at = COALESCE($2::timestamptz, statement_timestamp())
-WHERE seq = ANY($1::bigint[])`,
+WHERE id = ANY($1::text[])`,
 		settle: `UPDATE ` + tbl + ` t SET status = v.status, attempts = t.attempts + 1,
 	next_attempt_at = CASE WHEN v.status = 0 THEN n.now + v.delay_us * interval '1 microsecond' ELSE t.next_attempt_at END,
 	last_error = CASE WHEN v.status = 1 THEN t.last_error ELSE v.err END,
 	updated_at = n.now
-FROM unnest($1::bigint[], $2::smallint[], $3::bigint[], $4::text[]) AS v(seq, status, delay_us, err),
+FROM unnest($1::text[], $2::smallint[], $3::bigint[], $4::text[]) AS v(id, status, delay_us, err),
 	(SELECT COALESCE($5::timestamptz, statement_timestamp()) AS now) n
-WHERE t.seq = v.seq`,
-		purge: `DELETE FROM ` + tbl + ` WHERE seq IN (
-	SELECT seq FROM ` + tbl + ` WHERE status = 1 AND updated_at < $1 ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+WHERE t.id = v.id`,
+		purge: `DELETE FROM ` + tbl + ` WHERE id IN (
+	SELECT id FROM ` + tbl + ` WHERE status = 1 AND updated_at < $1 ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 		stats: `SELECT (SELECT count(*) FROM ` + tbl + ` WHERE status = 0), (SELECT count(*) FROM ` + tbl + ` WHERE status = 2),
 	(SELECT min(created_at) FROM ` + tbl + ` WHERE status = 0), statement_timestamp()`,
 		listFailed: `SELECT ` + rowCols + ` FROM ` + tbl + ` WHERE status = 2 AND seq > $1 ORDER BY seq LIMIT $2`,
@@ -162,14 +210,35 @@ func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 // messages fail with idem.ErrInvalidArgument before any statement runs
 // (tx is untouched); an ID already in the outbox fails with
 // outbox.ErrDuplicateID, and like any server error it aborts tx (roll it
-// back). Unless NoNotify, a NOTIFY sent in the same round trip wakes
-// listening relays at commit.
+// back). With NotifyInTx (the default) a NOTIFY sent in the same round trip
+// wakes listening relays at commit; with NotifyAfterCommit call Notify
+// once tx has committed.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...outbox.Message) ([]string, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	ids := make([]string, len(msgs))
 	b := &pgx.Batch{}
+	ids, err := o.Queue(ctx, b, msgs...)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, o.mapErr(err, true)
+	}
+	return ids, nil
+}
+
+// Queue is Enqueue for callers that pipeline: it checks msgs and adds
+// their INSERT (and the NOTIFY) to b, and returns their IDs. Send b with
+// tx.SendBatch inside the business transaction, together with the
+// business statements (one round trip for all), and check its result
+// before committing: a duplicate ID fails it with a unique violation
+// (SQLSTATE 23505) on the outbox's primary key.
+func (o *Outbox) Queue(ctx context.Context, b *pgx.Batch, msgs ...outbox.Message) ([]string, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(msgs))
 	if len(msgs) == 1 {
 		m, hdr, err := outbox.Prepare(ctx, msgs[0], o.cfg.NewID)
 		if err != nil {
@@ -189,13 +258,70 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...outbox.Message)
 		}
 		b.Queue(o.sql.insertN, ids, topics, keys, hdrs, payloads)
 	}
-	if !o.cfg.NoNotify {
+	if o.cfg.Notify == NotifyInTx {
 		b.Queue(o.sql.notify)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, o.mapErr(err, true)
-	}
 	return ids, nil
+}
+
+// Notifies reports whether relays are notified of new rows: with
+// NotifyOff the relay polls instead of listening (see outbox.Notifier).
+func (o *Outbox) Notifies() bool { return o.cfg.Notify != NotifyOff }
+
+// Notify, with NotifyAfterCommit, wakes listening relays: call it after a
+// transaction that enqueued has committed. It never blocks: a background
+// goroutine sends one NOTIFY (on a pool connection) for all the calls made
+// while the previous one was sent and in the 2ms after it. In the other
+// modes it does nothing.
+func (o *Outbox) Notify() {
+	if o.cfg.Notify != NotifyAfterCommit {
+		return
+	}
+	o.notifyOnce.Do(func() {
+		o.stopped.Add(1)
+		go o.notifier()
+	})
+	select {
+	case o.notifyCh <- struct{}{}:
+	default: // one is pending already: it covers this commit too
+	}
+}
+
+func (o *Outbox) notifier() {
+	defer o.stopped.Done()
+	for {
+		select {
+		case <-o.stop:
+			return
+		case <-o.notifyCh:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := o.pool.Exec(ctx, o.sql.notify); err != nil {
+			o.cfg.Logger.Warn("pgoutbox: NOTIFY after commit failed; relays will find the rows by polling", "err", err)
+		}
+		cancel()
+		// Calls made meanwhile wait for the next NOTIFY: a busy producer
+		// sends at most one per notifyGap, not one per commit.
+		select {
+		case <-o.stop:
+			return
+		case <-time.After(notifyGap):
+		}
+	}
+}
+
+// notifyGap is the least time between two NOTIFYs of NotifyAfterCommit:
+// it adds at most that much to a wake-up and caps the NOTIFY rate at 500/s.
+const notifyGap = 2 * time.Millisecond
+
+// Close stops the background notifier of NotifyAfterCommit (if it was
+// started). It does not close the pool.
+func (o *Outbox) Close() error {
+	o.closeOnce.Do(func() {
+		close(o.stop)
+		o.stopped.Wait()
+	})
+	return nil
 }
 
 func nonNil(b []byte) []byte {
@@ -212,6 +338,9 @@ func nonNil(b []byte) []byte {
 func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Batch, error) {
 	if req.Limit < 1 {
 		return nil, fmt.Errorf("%w: pgoutbox: claim limit %d < 1", idem.ErrInvalidArgument, req.Limit)
+	}
+	if req.Ordered && !o.cfg.Ordered {
+		return nil, fmt.Errorf("%w: pgoutbox: ordered claims need Config.Ordered (and its index, made by Migrate)", idem.ErrInvalidArgument)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -239,9 +368,9 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 		conn.Release()
 		return nil, o.mapErr(err, false)
 	}
-	b := &batch{o: o, conn: conn, tx: tx, rows: out, seqs: make(map[int64]struct{}, len(out))}
+	b := &batch{o: o, conn: conn, tx: tx, rows: out, ids: make(map[int64]string, len(out))}
 	for _, r := range out {
-		b.seqs[r.Seq] = struct{}{}
+		b.ids[r.Seq] = r.ID
 	}
 	if len(out) == 0 {
 		_ = b.Release(ctx)
@@ -283,7 +412,7 @@ type batch struct {
 	conn *pgxpool.Conn
 	tx   pgx.Tx
 	rows []outbox.Row
-	seqs map[int64]struct{}
+	ids  map[int64]string // seq -> id
 	done bool
 }
 
@@ -294,7 +423,7 @@ func (b *batch) Settle(ctx context.Context, s outbox.Settlement) error {
 	if b.done {
 		return outbox.ErrBatchEnded
 	}
-	if err := s.Check(func(seq int64) bool { _, ok := b.seqs[seq]; return ok }); err != nil {
+	if err := s.Check(func(seq int64) bool { _, ok := b.ids[seq]; return ok }); err != nil {
 		return err
 	}
 	n := s.Len()
@@ -304,19 +433,23 @@ func (b *batch) Settle(ctx context.Context, s outbox.Settlement) error {
 	switch {
 	case n == 0:
 	case len(s.Sent) == n:
-		_, err = b.tx.Exec(ctx, b.o.sql.sent, s.Sent, optTime(s.Now))
+		ids := make([]string, len(s.Sent))
+		for i, seq := range s.Sent {
+			ids[i] = b.ids[seq]
+		}
+		_, err = b.tx.Exec(ctx, b.o.sql.sent, ids, optTime(s.Now))
 	default:
-		seqs, states, delays, errs := make([]int64, 0, n), make([]int16, 0, n), make([]int64, 0, n), make([]string, 0, n)
+		ids, states, delays, errs := make([]string, 0, n), make([]int16, 0, n), make([]int64, 0, n), make([]string, 0, n)
 		for _, seq := range s.Sent {
-			seqs, states, delays, errs = append(seqs, seq), append(states, int16(outbox.StatusSent)), append(delays, 0), append(errs, "")
+			ids, states, delays, errs = append(ids, b.ids[seq]), append(states, int16(outbox.StatusSent)), append(delays, 0), append(errs, "")
 		}
 		for _, r := range s.Retry {
-			seqs, states, delays, errs = append(seqs, r.Seq), append(states, int16(outbox.StatusPending)), append(delays, r.Delay.Microseconds()), append(errs, outbox.TruncateError(r.Err))
+			ids, states, delays, errs = append(ids, b.ids[r.Seq]), append(states, int16(outbox.StatusPending)), append(delays, r.Delay.Microseconds()), append(errs, outbox.TruncateError(r.Err))
 		}
 		for _, f := range s.Failed {
-			seqs, states, delays, errs = append(seqs, f.Seq), append(states, int16(outbox.StatusFailed)), append(delays, 0), append(errs, outbox.TruncateError(f.Err))
+			ids, states, delays, errs = append(ids, b.ids[f.Seq]), append(states, int16(outbox.StatusFailed)), append(delays, 0), append(errs, outbox.TruncateError(f.Err))
 		}
-		_, err = b.tx.Exec(ctx, b.o.sql.settle, seqs, states, delays, errs, optTime(s.Now))
+		_, err = b.tx.Exec(ctx, b.o.sql.settle, ids, states, delays, errs, optTime(s.Now))
 	}
 	if err != nil {
 		_ = b.tx.Rollback(context.WithoutCancel(ctx))
@@ -397,7 +530,7 @@ func (o *Outbox) Requeue(ctx context.Context, ids []string) (int, error) {
 			return err
 		}
 		n = tag.RowsAffected()
-		if n > 0 && !o.cfg.NoNotify {
+		if n > 0 && o.cfg.Notify != NotifyOff {
 			_, err = tx.Exec(ctx, o.sql.notify)
 		}
 		return err

@@ -24,9 +24,13 @@ func migrateV1(ctx context.Context, tx pgx.Tx, c Config) error {
 	t := ident(c.Schema, c.Table)
 	idx := func(suffix string) string { return ident(c.Table + suffix) }
 	for _, s := range []string{
-		// seq: an identity (CACHE 1, so sessions take values in order);
-		// the order of a key's messages, never a cursor. status: 0
-		// pending, 1 sent, 2 failed (seed 000's values).
+		// id is the primary key (the duplicate check and how settles find
+		// rows). seq: an identity (CACHE 1, so sessions take values in
+		// order) with no index of its own; the order of a key's messages,
+		// never a cursor. status: 0 pending, 1 sent, 2 failed (seed 000's
+		// values). Every index but the primary key and the due backlog is
+		// partial on a state rows enter after enqueue, so an enqueue
+		// writes two index entries (three with Ordered and a key).
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
 	seq bigint GENERATED ALWAYS AS IDENTITY,
 	id text COLLATE "C" NOT NULL,
@@ -40,14 +44,11 @@ func migrateV1(ctx context.Context, tx pgx.Tx, c Config) error {
 	created_at timestamptz NOT NULL,
 	updated_at timestamptz NOT NULL,
 	last_error text NOT NULL DEFAULT '',
-	CONSTRAINT ` + idx("_pkey") + ` PRIMARY KEY (seq),
-	CONSTRAINT ` + idx("_id_key") + ` UNIQUE (id)
+	CONSTRAINT ` + idx("_pkey") + ` PRIMARY KEY (id)
 )`,
 		// Claims walk this: due pending rows in (next_attempt_at, seq)
 		// order. Partial, so it holds the backlog only.
 		`CREATE INDEX IF NOT EXISTS ` + idx("_due") + ` ON ` + t + ` (next_attempt_at, seq) WHERE status = 0`,
-		// Ordered claims ask "is an earlier row of this key pending?".
-		`CREATE INDEX IF NOT EXISTS ` + idx("_key") + ` ON ` + t + ` (key, seq) WHERE status = 0 AND key <> ''`,
 		// Retention deletes sent rows oldest first.
 		`CREATE INDEX IF NOT EXISTS ` + idx("_sent") + ` ON ` + t + ` (updated_at) WHERE status = 1`,
 		// Operators page through failed rows.
@@ -58,6 +59,17 @@ func migrateV1(ctx context.Context, tx pgx.Tx, c Config) error {
 		}
 	}
 	return nil
+}
+
+// ensureOrderedIndex makes, with Config.Ordered, the index ordered claims
+// ask "is an earlier row of this key pending?"; Migrate runs it on every
+// call, so Ordered can be turned on later.
+func ensureOrderedIndex(ctx context.Context, tx pgx.Tx, c Config) error {
+	if !c.Ordered {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+ident(c.Table+"_key")+` ON `+ident(c.Schema, c.Table)+` (key, seq) WHERE status = 0 AND key <> ''`)
+	return err
 }
 
 // Migrate creates or upgrades the outbox table for cfg. It is idempotent
@@ -93,6 +105,9 @@ func Migrate(ctx context.Context, cfg Config) error {
 			if err := migrations[i](ctx, tx, c); err != nil {
 				return err
 			}
+		}
+		if err := ensureOrderedIndex(ctx, tx, c); err != nil {
+			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+ident(c.Schema, versionTable)+` (tbl, version) VALUES ($1, $2)
 ON CONFLICT (tbl) DO UPDATE SET version = EXCLUDED.version, applied_at = now()`, c.Table, len(migrations))
