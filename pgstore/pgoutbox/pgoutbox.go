@@ -349,26 +349,32 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 	if err != nil {
 		return nil, o.mapErr(err, false)
 	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		conn.Release()
-		return nil, o.mapErr(err, false)
-	}
 	q := o.sql.claim
 	if req.Ordered {
 		q = o.sql.claimOrdered
 	}
-	rows, err := tx.Query(ctx, q, optTime(req.Now), req.Limit)
+	// BEGIN and the SELECT in one round trip; the transaction stays open
+	// on conn until Settle (UPDATE and COMMIT, one round trip) or Release.
+	pb := &pgx.Batch{}
+	pb.Queue("BEGIN")
+	pb.Queue(q, optTime(req.Now), req.Limit)
+	br := conn.SendBatch(ctx, pb)
+	_, err = br.Exec()
 	var out []outbox.Row
 	if err == nil {
-		out, err = scanRows(rows)
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			out, err = scanRows(rows)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		conn.Release()
+		discard(ctx, conn)
 		return nil, o.mapErr(err, false)
 	}
-	b := &batch{o: o, conn: conn, tx: tx, rows: out, ids: make(map[int64]string, len(out))}
+	b := &batch{o: o, conn: conn, rows: out, ids: make(map[int64]string, len(out))}
 	for _, r := range out {
 		b.ids[r.Seq] = r.ID
 	}
@@ -376,6 +382,18 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 		_ = b.Release(ctx)
 	}
 	return b, nil
+}
+
+// discard ends conn's transaction by rolling it back, or, when that fails,
+// by closing the connection (the server then rolls back), and returns it to
+// the pool.
+func discard(ctx context.Context, conn *pgxpool.Conn) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+		_ = conn.Conn().Close(rctx)
+	}
+	conn.Release()
 }
 
 func optTime(t time.Time) any {
@@ -409,8 +427,7 @@ func scanRows(rows pgx.Rows) ([]outbox.Row, error) {
 
 type batch struct {
 	o    *Outbox
-	conn *pgxpool.Conn
-	tx   pgx.Tx
+	conn *pgxpool.Conn // in the claim's transaction
 	rows []outbox.Row
 	ids  map[int64]string // seq -> id
 	done bool
@@ -428,8 +445,7 @@ func (b *batch) Settle(ctx context.Context, s outbox.Settlement) error {
 	}
 	n := s.Len()
 	b.done = true
-	defer b.conn.Release()
-	var err error
+	pb := &pgx.Batch{}
 	switch {
 	case n == 0:
 	case len(s.Sent) == n:
@@ -437,7 +453,7 @@ func (b *batch) Settle(ctx context.Context, s outbox.Settlement) error {
 		for i, seq := range s.Sent {
 			ids[i] = b.ids[seq]
 		}
-		_, err = b.tx.Exec(ctx, b.o.sql.sent, ids, optTime(s.Now))
+		pb.Queue(b.o.sql.sent, ids, optTime(s.Now))
 	default:
 		ids, states, delays, errs := make([]string, 0, n), make([]int16, 0, n), make([]int64, 0, n), make([]string, 0, n)
 		for _, seq := range s.Sent {
@@ -449,15 +465,30 @@ func (b *batch) Settle(ctx context.Context, s outbox.Settlement) error {
 		for _, f := range s.Failed {
 			ids, states, delays, errs = append(ids, b.ids[f.Seq]), append(states, int16(outbox.StatusFailed)), append(delays, 0), append(errs, outbox.TruncateError(f.Err))
 		}
-		_, err = b.tx.Exec(ctx, b.o.sql.settle, ids, states, delays, errs, optTime(s.Now))
+		pb.Queue(b.o.sql.settle, ids, states, delays, errs, optTime(s.Now))
+	}
+	updates := pb.Len()
+	pb.Queue("COMMIT")
+	br := b.conn.SendBatch(ctx, pb)
+	var err error
+	for i := 0; i < updates && err == nil; i++ {
+		_, err = br.Exec()
 	}
 	if err != nil {
-		_ = b.tx.Rollback(context.WithoutCancel(ctx))
-		return b.o.mapErr(err, false) // the transaction is rolled back: nothing applied
+		// The UPDATE failed: the server skips the COMMIT; roll back.
+		_ = br.Close()
+		discard(ctx, b.conn)
+		return b.o.mapErr(err, false)
 	}
-	if err := b.tx.Commit(ctx); err != nil {
-		return b.o.mapErr(err, true)
+	_, err = br.Exec() // COMMIT
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
+	if err != nil {
+		discard(ctx, b.conn)
+		return b.o.mapErr(err, true) // the commit may or may not have happened
+	}
+	b.conn.Release()
 	return nil
 }
 
@@ -467,10 +498,7 @@ func (b *batch) Release(ctx context.Context) error {
 		return nil
 	}
 	b.done = true
-	defer b.conn.Release()
-	if err := b.tx.Rollback(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return b.o.mapErr(err, false)
-	}
+	discard(ctx, b.conn)
 	return nil
 }
 

@@ -5,9 +5,11 @@
 //   - throughput: a relay (outbox.Relay.RunOnce in a loop, publisher that
 //     discards) draining -rows pending rows, beside a raw loop doing the same
 //     database work by hand (BEGIN; SELECT the same columns ... FOR UPDATE
-//     SKIP LOCKED LIMIT batch; UPDATE ... SET status = 1 WHERE seq =
-//     ANY(...); COMMIT) and a raw loop selecting only seq. Modes take turns
-//     round by round, each on a freshly filled, vacuumed table.
+//     SKIP LOCKED LIMIT batch; UPDATE ... SET status = 1 WHERE id =
+//     ANY(...); COMMIT, a round trip each), the same loop pipelined as the
+//     relay does it (BEGIN+SELECT, UPDATE+COMMIT: two round trips), and the
+//     plain loop selecting only id. Modes take turns round by round, each
+//     on a freshly filled, vacuumed table.
 //
 //   - latency: commit-to-publish times of messages committed one per
 //     transaction at -rate per second while a relay runs (Relay.Run), with
@@ -207,29 +209,42 @@ SELECT 'b-' || g, 'bench', '', $1, now() - interval '1 minute', now(), now() FRO
 		return err
 	}
 	cols := "seq, id, topic, key, headers, payload, attempts, next_attempt_at, created_at, updated_at, last_error"
-	rawLoop := func(selectCols string) func(ctx context.Context) (int, error) {
+	rawLoop := func(selectCols string, pipelined bool) func(ctx context.Context) (int, error) {
 		q := `SELECT ` + selectCols + ` FROM ` + tbl + ` WHERE status = 0 AND next_attempt_at <= statement_timestamp()
 ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
-		upd := `UPDATE ` + tbl + ` SET status = 1, attempts = attempts + 1, updated_at = statement_timestamp() WHERE seq = ANY($1)`
+		// Rows are updated by id, the table's primary key (seq has no index).
+		upd := `UPDATE ` + tbl + ` SET status = 1, attempts = attempts + 1, updated_at = statement_timestamp() WHERE id = ANY($1)`
 		return func(ctx context.Context) (int, error) {
 			total := 0
-			seqs := make([]int64, 0, o.batch)
+			seqs := make([]string, 0, o.batch)
 			for {
-				tx, err := pool.Begin(ctx)
+				conn, err := pool.Acquire(ctx)
 				if err != nil {
 					return total, err
 				}
-				rows, err := tx.Query(ctx, q, o.batch)
+				var rows pgx.Rows
+				var br pgx.BatchResults
+				if pipelined { // BEGIN and SELECT in one round trip
+					b := &pgx.Batch{}
+					b.Queue("BEGIN")
+					b.Queue(q, o.batch)
+					br = conn.SendBatch(ctx, b)
+					if _, err = br.Exec(); err == nil {
+						rows, err = br.Query()
+					}
+				} else if _, err = conn.Exec(ctx, "BEGIN"); err == nil {
+					rows, err = conn.Query(ctx, q, o.batch)
+				}
 				if err != nil {
-					tx.Rollback(ctx)
+					conn.Release()
 					return total, err
 				}
 				seqs = seqs[:0]
 				for rows.Next() {
-					if selectCols == "seq" {
-						var s int64
-						err = rows.Scan(&s)
-						seqs = append(seqs, s)
+					if selectCols == "id" {
+						var id string
+						err = rows.Scan(&id)
+						seqs = append(seqs, id)
 						continue
 					}
 					var s int64
@@ -238,21 +253,32 @@ ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 					var attempts int
 					var next, created, updated time.Time
 					err = rows.Scan(&s, &id, &topic, &key, &hdr, &pl, &attempts, &next, &created, &updated, &lastErr)
-					seqs = append(seqs, s)
+					seqs = append(seqs, id)
 				}
 				rows.Close()
 				if err == nil {
 					err = rows.Err()
 				}
+				if br != nil {
+					if cerr := br.Close(); err == nil {
+						err = cerr
+					}
+				}
 				if err != nil || len(seqs) == 0 {
-					tx.Rollback(ctx)
+					_, _ = conn.Exec(ctx, "ROLLBACK")
+					conn.Release()
 					return total, err
 				}
-				if _, err := tx.Exec(ctx, upd, seqs); err != nil {
-					tx.Rollback(ctx)
-					return total, err
+				if pipelined { // UPDATE and COMMIT in one round trip
+					b := &pgx.Batch{}
+					b.Queue(upd, seqs)
+					b.Queue("COMMIT")
+					err = conn.SendBatch(ctx, b).Close()
+				} else if _, err = conn.Exec(ctx, upd, seqs); err == nil {
+					_, err = conn.Exec(ctx, "COMMIT")
 				}
-				if err := tx.Commit(ctx); err != nil {
+				conn.Release()
+				if err != nil {
 					return total, err
 				}
 				total += len(seqs)
@@ -270,8 +296,9 @@ ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 				}
 			}
 		}},
-		{"raw", rawLoop(cols)},
-		{"raw-seq-only", rawLoop("seq")},
+		{"raw", rawLoop(cols, false)},
+		{"raw-pipelined", rawLoop(cols, true)},
+		{"raw-id-only", rawLoop("id", false)},
 	}
 	fmt.Fprintf(w, "\n## throughput: drain %d pending rows (payload %d B), batch %d, publisher discards\n", o.rows, o.payload, o.batch)
 	results := map[string][]float64{} // "mode xloops" -> msgs/s per round
@@ -314,23 +341,32 @@ ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 			}
 		}
 	}
-	fmt.Fprintf(w, "\n| mode | loops | msgs/s median (min-max) | relay / raw (median of per-round ratios) |\n| --- | ---: | ---: | ---: |\n")
+	fmt.Fprintf(w, "\n| mode | loops | msgs/s median (min-max) | relay / raw, relay / raw-pipelined (medians of per-round ratios) |\n| --- | ---: | ---: | ---: |\n")
 	for _, loops := range o.loops {
 		for _, m := range modes {
 			key := fmt.Sprintf("%s x%d", m.name, loops)
 			rs := results[key]
 			ratio := ""
 			if m.name == "relay" {
-				var per []float64
+				var per, perP []float64
 				for i, r := range rs {
 					per = append(per, r/results[fmt.Sprintf("raw x%d", loops)][i])
+					perP = append(perP, r/results[fmt.Sprintf("raw-pipelined x%d", loops)][i])
 				}
-				ratio = fmt.Sprintf("%.2f", median(per))
+				ratio = fmt.Sprintf("%.2f, %.2f (per round: %s)", median(per), median(perP), ratios(per))
 			}
 			fmt.Fprintf(w, "| %s | %d | %.0f (%.0f-%.0f) | %s |\n", m.name, loops, median(rs), slices.Min(rs), slices.Max(rs), ratio)
 		}
 	}
 	return nil
+}
+
+func ratios(v []float64) string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(out, " ")
 }
 
 func median(v []float64) float64 {
