@@ -43,6 +43,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idem-dev/idem/broker"
@@ -315,6 +316,7 @@ ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 				var done atomic.Int64
 				var wg sync.WaitGroup
 				errs := make(chan error, loops)
+				cpu0 := cpuTime()
 				start := time.Now()
 				for range loops {
 					wg.Go(func() {
@@ -327,6 +329,7 @@ ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 				}
 				wg.Wait()
 				el := time.Since(start)
+				cpu := cpuTime() - cpu0
 				close(errs)
 				if err := <-errs; err != nil {
 					return fmt.Errorf("%s: %w", m.name, err)
@@ -337,7 +340,8 @@ ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 				key := fmt.Sprintf("%s x%d", m.name, loops)
 				rate := float64(o.rows) / el.Seconds()
 				results[key] = append(results[key], rate)
-				fmt.Fprintf(w, "round %d %-18s %9.0f msgs/s (%s)\n", round+1, key, rate, el.Round(time.Millisecond))
+				fmt.Fprintf(w, "round %d %-18s %9.0f msgs/s (%s; client CPU %.1f µs/msg)\n", round+1, key, rate, el.Round(time.Millisecond),
+					float64(cpu.Microseconds())/float64(o.rows))
 			}
 		}
 	}
@@ -359,6 +363,13 @@ ORDER BY next_attempt_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 		}
 	}
 	return nil
+}
+
+// cpuTime is this process's user+system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func ratios(v []float64) string {
