@@ -510,3 +510,80 @@ func TestHooksSeveralAndNilFields(t *testing.T) {
 		t.Fatalf("claims %d/%d settles %d/%d, want 1/1 0/1", a.claims.Load(), b.claims.Load(), a.settles.Load(), b.settles.Load())
 	}
 }
+
+// TestClaimCompletedByItsOwnTransactionIsNotLost: the handler's effect
+// completes the claim itself with the claim's token (pgstore's DoTx under
+// the consumer runtime's claim does, in the effect's transaction). The
+// heartbeat's next Extend is then fenced; that is the claim done, not
+// lost: no cancellation, no OnLeaseLost, and the guard's own Complete
+// afterwards is the idempotent repeat.
+func TestClaimCompletedByItsOwnTransactionIsNotLost(t *testing.T) {
+	s := newMem(t)
+	fs := faultstore.New(s)
+	var hook countHook
+	g := newGuard(t, fs, idem.WithLease(90*time.Millisecond), idem.WithHooks(hook.hooks()))
+	var cause error
+	res, err := g.Do(ctx, []byte("k"), func(ctx context.Context) ([]byte, error) {
+		tok, _ := idem.TokenFromContext(ctx)
+		if err := s.Complete(ctx, []byte("k"), tok, []byte("tx")); err != nil {
+			return nil, err
+		}
+		// Let the heartbeat find the record completed, and give a loss
+		// time to show (on memstore a beat takes microseconds).
+		for n, deadline := fs.Calls(faultstore.OpExtend), time.Now().Add(10*time.Second); fs.Calls(faultstore.OpExtend) <= n; {
+			if time.Now().After(deadline) {
+				t.Fatal("no heartbeat within 10s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(300 * time.Millisecond):
+		}
+		cause = context.Cause(ctx)
+		return []byte("tx"), nil
+	})
+	if err != nil || cause != nil || hook.lost.Load() != 0 {
+		t.Fatalf("Do = %v, handler's context cause %v, OnLeaseLost %d; want nil, nil, 0", err, cause, hook.lost.Load())
+	}
+	rec, err := s.Get(ctx, []byte("k"))
+	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "tx" || res.Replayed {
+		t.Fatalf("record %+v, %v; result %+v", rec, err, res)
+	}
+}
+
+// lateDoneStore calls ctx.Done from a goroutine of its own after Complete
+// returned, as database/sql's Rows does for a query it has finished
+// (awaitDone starts late): the settle round's context must stay safe to
+// use after the round.
+type lateDoneStore struct {
+	idem.Store
+	wg sync.WaitGroup
+}
+
+func (s *lateDoneStore) Complete(ctx context.Context, key []byte, token uint64, result []byte) error {
+	err := s.Store.Complete(ctx, key, token, result)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = ctx.Done()
+		_, _ = ctx.Deadline()
+		_ = ctx.Err()
+	}()
+	return err
+}
+
+// TestSettleContextUsedAfterTheRound: the race detector found the guard
+// rewriting a settle round's context while a driver goroutine still read
+// it (mysqlstore's Complete of a record already completed reads it back
+// with QueryRowContext).
+func TestSettleContextUsedAfterTheRound(t *testing.T) {
+	s := &lateDoneStore{Store: newMem(t)}
+	g := newGuard(t, s)
+	for i := range 200 {
+		if _, err := g.Do(ctx, []byte{byte(i)}, func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.wg.Wait()
+}

@@ -196,12 +196,28 @@ func (b *beater) beat(h *Held) {
 		// ErrFenced); its own answer says whether the claim was lost.
 		return
 	}
+	if errors.Is(err, ErrFenced) && b.settledElsewhere(h) {
+		// Completed with our token by the effect's own transaction
+		// (pgstore's or mysqlstore's DoTx under the consumer runtime's
+		// claim): done, not lost. Nothing left to extend.
+		b.remove(h)
+		return
+	}
 	if errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound) {
 		b.remove(h)
 		h.markLost(context.Background(), err)
 		return
 	}
 	b.g.log.Warn("idem: lease heartbeat failed; retrying", "key", string(truncKey(h.key)), "err", err)
+}
+
+// settledElsewhere reports that h's record is Completed with h's token:
+// the holder's effect completed the claim itself, in its own transaction.
+func (b *beater) settledElsewhere(h *Held) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), max(h.lease/2, time.Millisecond))
+	defer cancel()
+	rec, err := b.g.store.Get(ctx, h.key)
+	return err == nil && rec.Token == h.token && rec.State == StateCompleted
 }
 
 func (b *beater) close() {

@@ -359,8 +359,19 @@ type deadlineCtx struct {
 	cancel   context.CancelFunc
 }
 
+// reset readies c for a new round. A driver may still hold the last
+// round's context and call it from a goroutine of its own (database/sql
+// watches a query's context until its rows are closed, from a goroutine
+// that may start late), so every field is read and written under mu, and a
+// context such a call made since the last release is dropped: the new
+// round gets its own deadline.
 func (c *deadlineCtx) reset(parent context.Context, deadline time.Time) {
-	c.parent, c.deadline = parent, deadline
+	c.mu.Lock()
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.parent, c.deadline, c.ctx, c.cancel = parent, deadline, nil, nil
+	c.mu.Unlock()
 }
 
 // release stops the timer, if one was made.
@@ -373,7 +384,11 @@ func (c *deadlineCtx) release() {
 	c.mu.Unlock()
 }
 
-func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *deadlineCtx) Deadline() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deadline, true
+}
 
 func (c *deadlineCtx) Done() <-chan struct{} {
 	c.mu.Lock()
@@ -386,12 +401,12 @@ func (c *deadlineCtx) Done() <-chan struct{} {
 
 func (c *deadlineCtx) Err() error {
 	c.mu.Lock()
-	inner := c.ctx
+	inner, deadline := c.ctx, c.deadline
 	c.mu.Unlock()
 	if inner != nil {
 		return inner.Err()
 	}
-	if !time.Now().Before(c.deadline) {
+	if !time.Now().Before(deadline) {
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -399,10 +414,10 @@ func (c *deadlineCtx) Err() error {
 
 func (c *deadlineCtx) Value(k any) any {
 	c.mu.Lock()
-	inner := c.ctx
+	inner, parent := c.ctx, c.parent
 	c.mu.Unlock()
 	if inner != nil {
 		return inner.Value(k) // lets context.WithX find the timer's cancelCtx
 	}
-	return c.parent.Value(k)
+	return parent.Value(k)
 }

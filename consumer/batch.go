@@ -299,7 +299,7 @@ func (c *Consumer) runBatchHandler(ctx context.Context, ps []pending) (leaseLost
 	msgs := make([]*broker.Message, len(ps))
 	helds := make([]*idem.Held, len(ps))
 	ds := make([]*delivery, len(ps))
-	info := &batchInfo{tokens: make(map[*broker.Message]uint64, len(ps))}
+	info := &batchInfo{tokens: make(map[*broker.Message]uint64, len(ps)), ds: ds}
 	for i, p := range ps {
 		msgs[i], helds[i], ds[i] = p.d.m, p.held, p.d
 		info.tokens[p.d.m] = p.held.Token()

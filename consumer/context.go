@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"reflect"
@@ -27,9 +28,13 @@ func withHeld(ctx context.Context, d *delivery, token uint64) context.Context {
 type batchKey struct{}
 
 // batchInfo is what a batch handler's context carries: each message's
-// claim token.
+// claim token, and the deliveries for HeldToken's lookup by key (made on
+// first use).
 type batchInfo struct {
 	tokens map[*broker.Message]uint64
+	ds     []*delivery
+	once   sync.Once
+	byKey  map[string]uint64
 }
 
 // KeyFromContext returns the idempotency key of the message whose handler
@@ -66,6 +71,38 @@ func MessageToken(ctx context.Context, m *broker.Message) (uint64, bool) {
 	if b, ok := ctx.Value(batchKey{}).(*batchInfo); ok {
 		t, ok := b.tokens[m]
 		return t, ok && t != 0
+	}
+	return 0, false
+}
+
+// HeldToken returns the fencing token of the claim the consumer runtime
+// holds on key while the Handler or BatchHandler that got ctx runs (in batch
+// mode, the claim of the batch's message with that idempotency key). It
+// reports false for a key the runtime does not hold for this handler,
+// outside a handler, under fail-open and in the transactional modes.
+//
+// A store's transactional call uses it to recognise the runtime's own
+// claim: pgstore's and mysqlstore's DoTx, called in a handler for the
+// message's own key, run the effect under that claim and complete it in
+// the effect's transaction, instead of reporting the key in progress.
+func HeldToken(ctx context.Context, key []byte) (uint64, bool) {
+	if h, ok := ctx.Value(heldKey{}).(heldInfo); ok {
+		if h.token == 0 || !bytes.Equal(h.key, key) {
+			return 0, false
+		}
+		return h.token, true
+	}
+	if b, ok := ctx.Value(batchKey{}).(*batchInfo); ok {
+		b.once.Do(func() {
+			b.byKey = make(map[string]uint64, len(b.ds))
+			for _, d := range b.ds {
+				if t := b.tokens[d.m]; t != 0 {
+					b.byKey[string(d.key)] = t
+				}
+			}
+		})
+		t, ok := b.byKey[string(key)]
+		return t, ok
 	}
 	return 0, false
 }

@@ -29,24 +29,14 @@ func storeTx(st idem.Store, led *ledger) consumer.TxBatchHandler {
 		}
 		out := make([]consumer.TxOutcome, len(items))
 		for i, r := range res {
-			switch {
-			case errors.Is(r.Err, idem.ErrFingerprintMismatch):
-				out[i] = consumer.TxOutcome{Status: consumer.TxRejected, Err: r.Err}
-			case r.Err != nil:
-				out[i] = consumer.TxOutcome{Status: consumer.TxRetry, Err: r.Err}
-			case r.Claim.Outcome == idem.OutcomeCompleted:
-				out[i] = consumer.TxOutcome{Status: consumer.TxDuplicate}
-			case r.Claim.Outcome == idem.OutcomeInProgress:
-				out[i] = consumer.TxOutcome{Status: consumer.TxInProgress, RetryAfter: time.Until(r.Claim.Record.LeaseUntil)}
-			case r.Claim.Outcome == idem.OutcomeFailed:
-				out[i] = consumer.TxOutcome{Status: consumer.TxRejected, Err: errors.New(r.Claim.Record.LastError)}
-			default:
+			o, acquired := consumer.ClaimOutcome(r.Claim, r.Err)
+			if acquired {
 				led.add(string(items[i].Key), "")
 				if err := st.Complete(ctx, items[i].Key, r.Claim.Record.Token, nil); err != nil {
 					return nil, err
 				}
-				out[i] = consumer.TxOutcome{Status: consumer.TxDone}
 			}
+			out[i] = o
 		}
 		return out, nil
 	}
@@ -186,6 +176,40 @@ func TestTxBatchWholeFailure(t *testing.T) {
 			// 3 deliveries x (1 + 1 in-process retry).
 			if runs.Load() != 6 || len(e.log.Naks("a")) != 2 || e.log.Acks("a") != 0 {
 				t.Fatalf("runs %d, naks %v, acks %d", runs.Load(), e.log.Naks("a"), e.log.Acks("a"))
+			}
+		})
+	}
+}
+
+func TestClaimOutcome(t *testing.T) {
+	lease := time.Now().Add(time.Minute)
+	mismatch := fmt.Errorf("%w: other payload", idem.ErrFingerprintMismatch)
+	down := fmt.Errorf("%w: refused", idem.ErrUnavailable)
+	for _, tc := range []struct {
+		name     string
+		c        idem.Claim
+		err      error
+		status   consumer.TxStatus
+		acquired bool
+		wantErr  error
+	}{
+		{"acquired", idem.Claim{Outcome: idem.OutcomeAcquired}, nil, consumer.TxDone, true, nil},
+		{"completed", idem.Claim{Outcome: idem.OutcomeCompleted}, nil, consumer.TxDuplicate, false, nil},
+		{"in progress", idem.Claim{Outcome: idem.OutcomeInProgress, Record: idem.Record{LeaseUntil: lease}}, nil, consumer.TxInProgress, false, nil},
+		{"in progress error", idem.Claim{}, &idem.InProgressError{Key: []byte("k"), LeaseUntil: lease}, consumer.TxInProgress, false, nil},
+		{"lock wait", idem.Claim{}, idem.ErrInProgress, consumer.TxInProgress, false, nil},
+		{"failed", idem.Claim{Outcome: idem.OutcomeFailed, Record: idem.Record{LastError: "bad"}}, nil, consumer.TxRejected, false, idem.ErrFailed},
+		{"failed error", idem.Claim{}, &idem.FailedError{Key: []byte("k")}, consumer.TxRejected, false, idem.ErrFailed},
+		{"fingerprint", idem.Claim{}, mismatch, consumer.TxRejected, false, idem.ErrFingerprintMismatch},
+		{"store down", idem.Claim{}, down, consumer.TxRetry, false, idem.ErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, acq := consumer.ClaimOutcome(tc.c, tc.err)
+			if o.Status != tc.status || acq != tc.acquired || (tc.wantErr != nil && !errors.Is(o.Err, tc.wantErr)) {
+				t.Fatalf("ClaimOutcome = %+v, %v; want status %d, acquired %v, error %v", o, acq, tc.status, tc.acquired, tc.wantErr)
+			}
+			if o.Status == consumer.TxInProgress && (o.RetryAfter <= 0 || o.RetryAfter > time.Minute) {
+				t.Fatalf("RetryAfter %s", o.RetryAfter)
 			}
 		})
 	}

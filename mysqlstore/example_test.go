@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/broker/membroker"
+	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/mysqlstore"
 )
 
@@ -188,4 +191,68 @@ func ExampleStore_BeginTx() {
 	fmt.Println("shipped:", n)
 	// Output:
 	// shipped: 2
+}
+
+// The consumer's transactional batch mode: one transaction per batch claims
+// the messages' keys, inserts the new orders and completes them; a message
+// whose effect fails for good is left out of the batch's effect, its key
+// marked failed in the same transaction and the message dead-lettered.
+func ExampleTxBatchHandler() {
+	db, done := exampleDB()
+	defer done()
+	ctx := context.Background()
+	cfg := mysqlstore.Config{DB: db, Namespace: "orders"}
+	if err := mysqlstore.Migrate(ctx, cfg); err != nil {
+		panic(err)
+	}
+	store, _ := mysqlstore.Open(ctx, cfg)
+	defer store.Close()
+	if _, err := db.Exec("CREATE TABLE orders (id VARCHAR(64), body BLOB)"); err != nil {
+		panic(err)
+	}
+	handler, err := mysqlstore.TxBatchHandler(store, mysqlstore.TxHandlerConfig{TTL: 7 * 24 * time.Hour},
+		func(ctx context.Context, tx *sql.Tx, msgs []*broker.Message) ([][]byte, error) {
+			failed := map[int]error{}
+			for i, m := range msgs {
+				if len(m.Payload) == 0 {
+					failed[i] = idem.Permanent(errors.New("empty order"))
+					continue
+				}
+				if _, err := tx.ExecContext(ctx, "INSERT INTO orders VALUES (?, ?)", m.ID, m.Payload); err != nil {
+					return nil, err // rolls the whole batch back
+				}
+			}
+			if len(failed) > 0 {
+				return nil, &consumer.PartialError{Failed: failed}
+			}
+			return nil, nil
+		})
+	if err != nil {
+		panic(err)
+	}
+	guard, _ := idem.NewGuard(store)
+	defer guard.Close()
+	b, _ := membroker.New(membroker.Config{})
+	pub := b.NewPublisher()
+	a := &broker.Message{ID: "order-1", Topic: "orders", Payload: []byte(`{"total":10}`)}
+	_ = pub.Publish(ctx, a, &broker.Message{ID: "order-2", Topic: "orders"}, a) // order-1 twice
+	c, _ := consumer.New(consumer.Config{
+		Subscriber:     b.NewSubscriber("orders", "order-service"),
+		Guard:          guard, // not used for claims in this mode
+		TxBatchHandler: handler,
+		DeadLetter:     pub,
+	})
+	rctx, stop := context.WithCancel(ctx)
+	stopped := make(chan error)
+	go func() { stopped <- c.Run(rctx) }()
+	for s := c.Stats(); s.Handled+s.Duplicates+s.DeadLettered < 3; s = c.Stats() {
+		time.Sleep(time.Millisecond)
+	}
+	stop()
+	<-stopped
+	var n int
+	_ = db.QueryRow("SELECT COUNT(*) FROM orders").Scan(&n)
+	rec, _ := store.Get(ctx, []byte("order-2"))
+	fmt.Println("orders:", n, "order-2:", rec.State, "dead letters:", len(b.Published("orders.dead-letter")))
+	// Output: orders: 1 order-2: failed dead letters: 1
 }

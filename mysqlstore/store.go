@@ -945,11 +945,15 @@ func (s *Store) Fail(ctx context.Context, key []byte, token uint64, cause string
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.finish(ctx, s.db, key, token, finishOp{name: "fail", target: idem.StateFailed, set: func(sb *strings.Builder) {
+	return s.finish(ctx, s.db, key, token, failOp(cause))
+}
+
+func failOp(cause string) finishOp {
+	return finishOp{name: "fail", target: idem.StateFailed, set: func(sb *strings.Builder) {
 		sb.WriteString("state = 3, last_error = ")
 		hexLit(sb, []byte(cause))
 		sb.WriteString(", expires_at = " + nowUS + " + ttl_us")
-	}})
+	}}
 }
 
 // Extend implements idem.Store.

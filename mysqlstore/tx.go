@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/consumer"
 )
 
 // ClaimTx claims req inside the caller's transaction. The claim statement
@@ -67,6 +68,26 @@ func (s *Store) ReleaseTx(ctx context.Context, tx *sql.Tx, key []byte, token uin
 	return s.finish(ctx, tx, key, token, releaseOp(cause))
 }
 
+// FailTx marks a claim failed for good inside the caller's transaction
+// (normally the one that claimed it): duplicates get OutcomeFailed with
+// cause once tx commits, and the record's retention restarts (ExpiresAt =
+// now + the claim's TTL), as with Fail.
+func (s *Store) FailTx(ctx context.Context, tx *sql.Tx, key []byte, token uint64, cause string) error {
+	if tx == nil {
+		return fmt.Errorf("%w: mysqlstore: nil tx", idem.ErrInvalidArgument)
+	}
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	return s.finish(ctx, tx, key, token, failOp(cause))
+}
+
 // ClaimBatchTx is ClaimBatch inside the caller's transaction: the rows stay
 // locked until tx ends, so a batch consumer can apply every acquired
 // message's effect and CompleteTx them in the same commit. Statements run
@@ -99,6 +120,14 @@ type TxFunc func(ctx context.Context, tx *sql.Tx, claim idem.Claim) (result []by
 //     (an *idem.InProgressError unless the row lock timed out).
 //   - Key failed: an *idem.FailedError. Fingerprint conflict:
 //     idem.ErrFingerprintMismatch.
+//   - Inside a consumer Handler or BatchHandler, for the message's own key:
+//     the key is held by the runtime's claim (consumer.HeldToken), so fn
+//     runs under that claim (OutcomeAcquired, its token) and the claim is
+//     completed in the transaction; the runtime's completion afterwards
+//     finds it done. That claim already completed (a retry after a lost
+//     answer): a replay. Prefer the transactional mode (TxHandler): one
+//     transaction per message instead of a claim, a transaction and a
+//     completion.
 //   - fn returns an error: ROLLBACK, nothing is recorded, *idem.HandlerError.
 //   - Deadlock (1213) anywhere in the transaction, fn's statements included:
 //     everything was rolled back; DoTx runs it again (TxRetries times), so
@@ -116,20 +145,36 @@ func (s *Store) DoTx(ctx context.Context, req idem.ClaimRequest, fn TxFunc) (ide
 	if err != nil {
 		return idem.Claim{}, err
 	}
+	var c idem.Claim
+	err = s.retrying(ctx, func() (err error) {
+		c, err = s.doTxOnce(ctx, req, l, fn)
+		return err
+	})
+	if err != nil && IsRetryable(err) {
+		return idem.Claim{}, err
+	}
+	return c, err
+}
+
+// retrying runs once, and runs it again after a deadlock or ErrTxEnded
+// (IsRetryable: everything was rolled back) up to Config.TxRetries times.
+// Retries used up, the error is mapped (rolled back: nothing applied);
+// ctx ending first returns the last error as it is.
+func (s *Store) retrying(ctx context.Context, once func() error) error {
 	for attempt := 0; ; attempt++ {
-		c, err := s.doTxOnce(ctx, req, l, fn)
+		err := once()
 		if err == nil || !IsRetryable(err) {
-			return c, err
+			return err
 		}
 		if attempt >= s.cfg.TxRetries {
-			return idem.Claim{}, mapErr(err, false) // rolled back: nothing applied
+			return mapErr(err, false)
 		}
-		s.cfg.Logger.DebugContext(ctx, "mysqlstore: DoTx deadlock, retrying", "attempt", attempt+1)
+		s.cfg.Logger.DebugContext(ctx, "mysqlstore: transaction deadlock, retrying", "attempt", attempt+1)
 		t := time.NewTimer(time.Duration(1+rand.IntN(5<<attempt)) * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return idem.Claim{}, err
+			return err
 		case <-t.C:
 		}
 	}
@@ -162,7 +207,14 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 	case idem.OutcomeCompleted:
 		return c, nil // duplicate: commit nothing
 	case idem.OutcomeInProgress:
-		return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil}
+		if t, ok := consumer.HeldToken(ctx, req.Key); !ok || t != c.Record.Token {
+			return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil}
+		}
+		// The consumer runtime's claim under which the caller runs (the
+		// claim statement locked its row): fn runs under it and the
+		// complete below, checked by its token, settles it in this
+		// transaction. The runtime's own Complete then finds it done.
+		c.Outcome = idem.OutcomeAcquired
 	case idem.OutcomeFailed:
 		return c, &idem.FailedError{Key: req.Key, Cause: c.Record.LastError, Attempts: c.Record.Attempts}
 	}

@@ -18,8 +18,9 @@ import (
 //   - guard-pgstore: the same with the guard on pgstore, records durable
 //     in the same PostgreSQL (a batch claim statement per batch, one
 //     complete statement per message, 8 in parallel);
-//   - tx-pgstore: a TxBatchHandler: claims (ClaimBatchTx), COPY and
-//     completions (CompleteTx) in one transaction per batch: invariant 2;
+//   - tx-pgstore: pgstore.TxBatchHandler: claims (ClaimBatchTx), COPY and
+//     completions (CompleteBatchTx) in one transaction per batch:
+//     invariant 2;
 //   - baseline: the same fetch / COPY / ack pipeline with the same
 //     parallelism and no guard at all.
 //
@@ -52,7 +53,7 @@ func BenchmarkConsumeBatchPG(b *testing.B) {
 				pgs := e2etest.OpenPGStore(b, ledger)
 				g.Store = pgs
 				if variant == "tx-pgstore" {
-					g.Tx = insertBatchTx(ledger, pgs, nil)
+					g.Tx = insertBatchTx(b, ledger, pgs, nil)
 				}
 			}
 

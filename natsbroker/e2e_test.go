@@ -2,7 +2,6 @@ package natsbroker_test
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"sync/atomic"
@@ -99,7 +98,7 @@ func testEndToEnd(t *testing.T, backend, mode string) {
 			cfg = ledger.ConsumerConfig(cs, guard, e2etest.Batch)
 		case "tx":
 			cfg = ledger.ConsumerConfig(cs, guard, e2etest.Batch)
-			cfg.BatchHandler, cfg.TxBatchHandler = nil, insertBatchTx(ledger, pgs, store)
+			cfg.BatchHandler, cfg.TxBatchHandler = nil, insertBatchTx(t, ledger, pgs, store)
 		default:
 			cfg = ledger.ConsumerConfig(cs, guard, e2etest.Single)
 		}
@@ -226,57 +225,21 @@ func orphanClaims(t *testing.T, store idem.Store, ledger *e2etest.Ledger, n, max
 }
 
 // insertBatchTx is the transactional batch effect (invariant 2): claims,
-// COPY of the acquired rows and completions in one transaction. While
-// outage is down the database counts as unreachable.
-func insertBatchTx(ledger *e2etest.Ledger, st *pgstore.Store, outage *outageStore) consumer.TxBatchHandler {
+// COPY of the acquired rows and completions in one transaction
+// (pgstore.TxBatchHandler). While outage is down the database counts as
+// unreachable.
+func insertBatchTx(t testing.TB, ledger *e2etest.Ledger, st *pgstore.Store, outage *outageStore) consumer.TxBatchHandler {
+	h, err := pgstore.TxBatchHandler(st, pgstore.TxHandlerConfig{TTL: 24 * time.Hour}, func(ctx context.Context, tx pgx.Tx, msgs []*broker.Message) ([][]byte, error) {
+		return nil, ledger.Copy(ctx, tx, msgs)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return func(ctx context.Context, items []consumer.TxItem) ([]consumer.TxOutcome, error) {
 		if outage != nil && outage.down.Load() {
 			outage.failed.Add(1)
 			return nil, fmt.Errorf("%w: injected outage", idem.ErrUnavailable)
 		}
-		out := make([]consumer.TxOutcome, len(items))
-		err := pgx.BeginFunc(ctx, ledger.Pool, func(tx pgx.Tx) error {
-			reqs := make([]idem.ClaimRequest, len(items))
-			for i, it := range items {
-				reqs[i] = idem.ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: 30 * time.Second, TTL: 24 * time.Hour}
-			}
-			res, err := st.ClaimBatchTx(ctx, tx, reqs)
-			if err != nil {
-				return err
-			}
-			var rows []*broker.Message
-			var acquired []int
-			for i, r := range res {
-				switch {
-				case errors.Is(r.Err, idem.ErrFingerprintMismatch):
-					out[i] = consumer.TxOutcome{Status: consumer.TxRejected, Err: r.Err}
-				case r.Err != nil:
-					out[i] = consumer.TxOutcome{Status: consumer.TxRetry, Err: r.Err}
-				case r.Claim.Outcome == idem.OutcomeCompleted:
-					out[i] = consumer.TxOutcome{Status: consumer.TxDuplicate}
-				case r.Claim.Outcome == idem.OutcomeInProgress:
-					out[i] = consumer.TxOutcome{Status: consumer.TxInProgress, RetryAfter: time.Until(r.Claim.Record.LeaseUntil)}
-				case r.Claim.Outcome == idem.OutcomeFailed:
-					out[i] = consumer.TxOutcome{Status: consumer.TxRejected, Err: errors.New(r.Claim.Record.LastError)}
-				default:
-					rows = append(rows, items[i].Msg)
-					acquired = append(acquired, i)
-					out[i] = consumer.TxOutcome{Status: consumer.TxDone}
-				}
-			}
-			if err := ledger.Copy(ctx, tx, rows); err != nil {
-				return err
-			}
-			for _, i := range acquired {
-				if err := st.CompleteTx(ctx, tx, items[i].Key, res[i].Claim.Record.Token, nil); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
-		return out, nil
+		return h(ctx, items)
 	}
 }

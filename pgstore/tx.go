@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/consumer"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -65,6 +66,17 @@ func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, key []byte, token uint
 	return s.mutateIn(ctx, tx, mutRelease, key, token, cause)
 }
 
+// FailTx marks key failed for good with token inside the caller's
+// transaction (the one that claimed it, normally): duplicates get
+// OutcomeFailed with cause from the commit on. The record's retention
+// restarts (ExpiresAt = now + the claim's TTL), as with Fail.
+func (s *Store) FailTx(ctx context.Context, tx pgx.Tx, key []byte, token uint64, cause string) error {
+	if err := idem.ValidateCause(cause); err != nil {
+		return err
+	}
+	return s.mutateIn(ctx, tx, mutFail, key, token, cause)
+}
+
 func (s *Store) mutateIn(ctx context.Context, tx pgx.Tx, m mutation, key []byte, token uint64, arg any) error {
 	if m == mutComplete {
 		res, _ := arg.([]byte)
@@ -109,6 +121,14 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, claim idem.Claim) (result []byt
 //     with an *idem.InProgressError; a failed key: OutcomeFailed with an
 //     *idem.FailedError. fn is not run, nothing is committed, and a caller
 //     that only checks the error cannot ack the message as done.
+//   - Inside a consumer Handler or BatchHandler, for the message's own key:
+//     the key is held by the runtime's claim (consumer.HeldToken), so DoTx
+//     runs fn under that claim (OutcomeAcquired, its token) and completes
+//     it in the transaction: the effect and the Completed record commit
+//     together, and the runtime's completion afterwards finds it done. The
+//     same claim already completed (a retry after a lost answer): a replay.
+//     Prefer the transactional mode (TxHandler): one transaction per
+//     message instead of a claim, a transaction and a completion.
 //   - fn fails: rollback, no record; the error comes back as
 //     *idem.HandlerError.
 //   - Serialization failure or deadlock anywhere (SQLSTATE 40001/40P01,
@@ -149,19 +169,31 @@ func (s *Store) DoTxOptions(ctx context.Context, opts pgx.TxOptions, req idem.Cl
 		}
 		return c, err
 	}
+	var c idem.Claim
+	err = s.retrying(ctx, req.Key, func() (err error) {
+		c, err = s.doTxOnce(ctx, opts, r, req, fn)
+		return err
+	})
+	return done(c, err)
+}
+
+// retrying runs once, and runs it again after a transient abort
+// (IsRetryable: a serialization failure, a deadlock, a partition dropped
+// elsewhere) up to Config.TxRetries times, unless ctx ends.
+func (s *Store) retrying(ctx context.Context, key []byte, once func() error) error {
 	for attempt := 0; ; attempt++ {
-		c, err := s.doTxOnce(ctx, opts, r, req, fn)
+		err := once()
 		if err == nil || !IsRetryable(err) || attempt >= s.cfg.TxRetries || ctx.Err() != nil {
-			return done(c, err)
+			return err
 		}
-		s.cfg.Logger.Debug("pgstore: DoTx retry after a transient abort", "key", string(req.Key), "attempt", attempt+1, "err", err)
+		s.cfg.Logger.Debug("pgstore: transaction retry after a transient abort", "key", string(key), "attempt", attempt+1, "err", err)
 		// Full jitter, 1ms doubling to 64ms: transactions that conflict
 		// with each other and retry at once tend to conflict again (16
 		// SERIALIZABLE ones on one row starved one of them through 50
 		// immediate retries now and then).
 		select {
 		case <-ctx.Done():
-			return done(c, err)
+			return err
 		case <-time.After(rand.N(time.Millisecond << min(attempt, 6))):
 		}
 	}
@@ -186,7 +218,14 @@ func (s *Store) doTxOnce(ctx context.Context, opts pgx.TxOptions, r keyRef, req 
 	case idem.OutcomeCompleted:
 		return c, nil // a duplicate commits nothing
 	case idem.OutcomeInProgress:
-		return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil}
+		if !heldByCaller(ctx, req.Key, c.Record.Token) {
+			return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil}
+		}
+		// The consumer runtime's claim under which the caller runs: the
+		// effect runs under it and the completion below (checked by its
+		// token, on the row this statement locked) settles it in this
+		// transaction. The runtime's own Complete then finds it done.
+		c.Outcome = idem.OutcomeAcquired
 	case idem.OutcomeFailed:
 		return c, &idem.FailedError{Key: req.Key, Cause: c.Record.LastError, Attempts: c.Record.Attempts}
 	}
@@ -220,6 +259,13 @@ func (s *Store) doTxOnce(ctx context.Context, opts pgx.TxOptions, r keyRef, req 
 	}
 	// No answer to COMMIT: it may or may not have happened.
 	return s.resolveCommit(ctx, xid, r, c, cerr)
+}
+
+// heldByCaller reports that token is the claim of key under which the
+// consumer runtime runs the handler that got ctx (consumer.HeldToken).
+func heldByCaller(ctx context.Context, key []byte, token uint64) bool {
+	t, ok := consumer.HeldToken(ctx, key)
+	return ok && t == token
 }
 
 // resolveCommit decides a COMMIT whose answer was lost, from the
