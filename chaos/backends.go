@@ -167,7 +167,8 @@ func (b *brokerConn) subscriber(ctx context.Context, bs BrokerSpec, t Timing) (b
 			FilterSubject: bs.Topic, AckWait: time.Duration(t.AckWait), Logger: b.log})
 	}
 	return kafkabroker.NewSubscriber(kafkabroker.SubscriberConfig{Brokers: b.brokers, Group: bs.Group,
-		Topics: []string{bs.Topic}, SessionTimeout: time.Duration(t.SessionTimeout), Logger: b.log})
+		Topics: []string{bs.Topic}, SessionTimeout: time.Duration(t.SessionTimeout), RebalanceTimeout: time.Duration(t.RebalanceTimeout),
+		Logger: b.log})
 }
 
 // publisher: dedup false turns JetStream's Nats-Msg-Id dedup off (the

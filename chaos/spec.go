@@ -119,16 +119,23 @@ type Timing struct {
 	Lease              Duration `json:"lease"`                // guard lease (default 30s)
 	AckWait            Duration `json:"ack_wait"`             // NATS AckWait (default 30s)
 	SessionTimeout     Duration `json:"session_timeout"`      // Kafka session timeout (default 45s)
+	RebalanceTimeout   Duration `json:"rebalance_timeout"`    // Kafka rebalance timeout (default 60s)
 	StoreDownDelay     Duration `json:"store_down_delay"`     // consumer (default 5s)
 	InProgressInterval Duration `json:"in_progress_interval"` // consumer (default 10s)
 	EffectDelay        Duration `json:"effect_delay"`         // each effect takes this long, so claims are in flight
 }
 
 // Fast is the CI timing: a 3 s lease, 5 s ack wait, 3 s session timeout, so
-// a fault that must outlast a lease and a redelivery takes seconds.
+// a fault that must outlast a lease and a redelivery takes seconds. The
+// Kafka rebalance timeout is 6 s: kfake pushes a rebalance's deadline
+// back by the whole timeout at every join, so with the default 60 s a
+// group whose members keep being killed and restarted (each restart a
+// join, each client giving up on its join after 70 s and joining again)
+// never completes the rebalance (docs/reliability.md).
 func Fast() Timing {
 	return Timing{Lease: Duration(3 * time.Second), AckWait: Duration(5 * time.Second), SessionTimeout: Duration(3 * time.Second),
-		StoreDownDelay: Duration(time.Second), InProgressInterval: Duration(time.Second), EffectDelay: Duration(5 * time.Millisecond)}
+		RebalanceTimeout: Duration(6 * time.Second),
+		StoreDownDelay:   Duration(time.Second), InProgressInterval: Duration(time.Second), EffectDelay: Duration(5 * time.Millisecond)}
 }
 
 // Defaults is the library's and adapters' default timing.
