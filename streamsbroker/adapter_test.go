@@ -39,6 +39,7 @@ func TestAdapter(t *testing.T) {
 		{"ForeignEntries", testForeignEntries},
 		{"GroupDeletedIsRecreated", testGroupRecreated},
 		{"Lag", testLag},
+		{"QueuedAcksFlushed", testQueuedAcks},
 	}
 	for _, target := range []string{"single", "cluster"} {
 		t.Run(target, func(t *testing.T) {
@@ -302,6 +303,7 @@ func testTrim(t *testing.T, c redis.UniversalClient) {
 	trimEvery := func(cfg *streamsbroker.SubscriberConfig) {
 		cfg.TrimInterval = 50 * time.Millisecond
 		cfg.AckWait = time.Minute
+		cfg.AckSync = true // the acks are in Redis before the trim runs
 	}
 	a := newSub(t, c, stream, "a", trimEvery)
 	b := newSub(t, c, stream, "b", trimEvery)
@@ -512,7 +514,10 @@ func testLag(t *testing.T, c redis.UniversalClient) {
 	stream := newStream(t, c)
 	p := newPub(t, c, nil)
 	publish(t, p, stream, "1", "2", "3", "4", "5")
-	s := newSub(t, c, stream, "g", func(cfg *streamsbroker.SubscriberConfig) { cfg.AckWait = time.Minute })
+	s := newSub(t, c, stream, "g", func(cfg *streamsbroker.SubscriberConfig) {
+		cfg.AckWait = time.Minute
+		cfg.AckSync = true // the ack is in Redis when Ack returns
+	})
 	lag := func() int64 {
 		t.Helper()
 		n, err := s.Lag(bg(t))
@@ -541,5 +546,34 @@ func testLag(t *testing.T, c redis.UniversalClient) {
 	}
 	if n := lag(); n != 3 {
 		t.Fatalf("lag after an XDEL of an unread entry: %d, want 3", n)
+	}
+}
+
+// testQueuedAcks: acks are queued (Ack returns before Redis has them) and
+// flushed in batches; once Close returns every one is in Redis (nothing
+// pending, nothing handed back to be redelivered).
+func testQueuedAcks(t *testing.T, c redis.UniversalClient) {
+	stream := newStream(t, c)
+	p := newPub(t, c, nil)
+	var ids []string
+	for i := range 300 {
+		ids = append(ids, fmt.Sprint(i))
+	}
+	publish(t, p, stream, ids...)
+	s := newSub(t, c, stream, "g", func(cfg *streamsbroker.SubscriberConfig) { cfg.AckWait = time.Minute })
+	got := fetch(t, s, 300, 10*time.Second)
+	for _, m := range got {
+		if err := m.Acker.Ack(bg(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := pending(t, c, stream, "g"); n != 0 {
+		t.Fatalf("%d of 300 acked entries still pending after Close", n)
+	}
+	if st := s.Stats(); st.AckErrors != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }

@@ -127,6 +127,13 @@ type SubscriberConfig struct {
 	// StartAtEnd makes a group created by this subscriber start after the
 	// last entry (XGROUP CREATE ... $) instead of at the first one.
 	StartAtEnd bool
+	// AckSync makes Ack wait for Redis's reply to its XACK. Off by
+	// default: Ack queues the entry id and returns, and a flusher sends
+	// queued acks in one XACK (the per-message round trip otherwise bounds
+	// a consumer to one ack per round trip per worker). A lost ack only
+	// causes a redelivery, which the guard answers as a duplicate; Close
+	// sends what is queued.
+	AckSync bool
 	// DeadLetterOnTerm makes Term copy the entry to the dead-letter stream
 	// with its reason, in the same script as its XACK. Off by default: the
 	// consumer runtime publishes its own dead letters before it

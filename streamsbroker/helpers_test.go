@@ -31,7 +31,7 @@ func newPub(t testing.TB, c redis.UniversalClient, mutate func(*streamsbroker.Pu
 func newSub(t testing.TB, c redis.UniversalClient, stream, group string, mutate func(*streamsbroker.SubscriberConfig)) *streamsbroker.Subscriber {
 	t.Helper()
 	cfg := streamsbroker.SubscriberConfig{Client: c, Stream: stream, Group: group,
-		AckWait: 300 * time.Millisecond, ClaimInterval: 50 * time.Millisecond}
+		AckWait: 300 * time.Millisecond, ClaimInterval: 50 * time.Millisecond, Logger: quietLogger()}
 	if mutate != nil {
 		mutate(&cfg)
 	}

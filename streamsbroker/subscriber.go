@@ -36,7 +36,15 @@ type Subscriber struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	delivered, redelivered, deadLettered, lost, trimmed, consumersDeleted atomic.Int64
+	delivered, redelivered, deadLettered, lost, trimmed, consumersDeleted, ackErrors atomic.Int64
+
+	// the ack flusher (acks.go)
+	ackMu      sync.Mutex
+	ackIDs     []string
+	ackStopped bool
+	ackKick    chan struct{}
+	ackStop    chan struct{}
+	ackDone    chan struct{}
 }
 
 // NewSubscriber returns a subscriber. It does not contact Redis: the group
@@ -69,13 +77,14 @@ type Stats struct {
 	Lost             int64
 	Trimmed          int64 // entries removed by the trim (acked by every group)
 	ConsumersDeleted int64 // idle consumers without pending entries removed by the trim
+	AckErrors        int64 // XACKs of queued acks that failed (retried)
 }
 
 // Stats returns the counters.
 func (s *Subscriber) Stats() Stats {
 	return Stats{
 		Delivered: s.delivered.Load(), Redelivered: s.redelivered.Load(), DeadLettered: s.deadLettered.Load(),
-		Lost: s.lost.Load(), Trimmed: s.trimmed.Load(), ConsumersDeleted: s.consumersDeleted.Load(),
+		Lost: s.lost.Load(), Trimmed: s.trimmed.Load(), ConsumersDeleted: s.consumersDeleted.Load(), AckErrors: s.ackErrors.Load(),
 	}
 }
 
@@ -369,6 +378,7 @@ func (s *Subscriber) trim(ctx context.Context) {
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
+		s.stopAcks() // queued acks go out before the hand-back
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if !s.ready {
@@ -421,10 +431,16 @@ func (a *acker) settle(ctx context.Context, op string, f func() error) error {
 	return nil
 }
 
-// Ack is XACK: the entry leaves the group's pending list. It is idempotent,
-// so go-redis may retry it.
+// Ack is XACK: the entry leaves the group's pending list. By default it
+// is queued and returns at once; the subscriber's flusher sends queued acks
+// together (a lost ack is a redelivery, which the guard answers as a
+// duplicate; Close sends what is queued). With AckSync (or after Close) it
+// waits for Redis. XACK is idempotent, so go-redis may retry it.
 func (a *acker) Ack(ctx context.Context) error {
 	return a.settle(ctx, "ack", func() error {
+		if !a.s.cfg.AckSync && a.s.queueAck(a.id) {
+			return nil
+		}
 		return a.s.cfg.Client.XAck(ctx, a.s.cfg.Stream, a.s.cfg.Group, a.id).Err()
 	})
 }
