@@ -40,6 +40,7 @@ func TestAdapter(t *testing.T) {
 		{"GroupDeletedIsRecreated", testGroupRecreated},
 		{"Lag", testLag},
 		{"QueuedAcksFlushed", testQueuedAcks},
+		{"ReadAheadKeepsItsEntries", testReadAhead},
 	}
 	for _, target := range []string{"single", "cluster"} {
 		t.Run(target, func(t *testing.T) {
@@ -510,14 +511,13 @@ func testKeySlots(t *testing.T, c *redis.ClusterClient) {
 
 // testLag: Lag counts the group's unread and pending entries, before and
 // after the group exists, and after an XDEL makes Redis unsure of the lag.
+// Another consumer of the group reads (XREADGROUP directly), so what is
+// pending and unread is exactly known.
 func testLag(t *testing.T, c redis.UniversalClient) {
 	stream := newStream(t, c)
 	p := newPub(t, c, nil)
 	publish(t, p, stream, "1", "2", "3", "4", "5")
-	s := newSub(t, c, stream, "g", func(cfg *streamsbroker.SubscriberConfig) {
-		cfg.AckWait = time.Minute
-		cfg.AckSync = true // the ack is in Redis when Ack returns
-	})
+	s := newSub(t, c, stream, "g", nil)
 	lag := func() int64 {
 		t.Helper()
 		n, err := s.Lag(bg(t))
@@ -529,8 +529,14 @@ func testLag(t *testing.T, c redis.UniversalClient) {
 	if n := lag(); n != 5 {
 		t.Fatalf("lag before the group exists: %d, want 5", n)
 	}
-	got := fetch(t, s, 3, 10*time.Second)
-	if err := got[0].Acker.Ack(bg(t)); err != nil {
+	if err := c.XGroupCreate(bg(t), stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	read, err := c.XReadGroup(bg(t), &redis.XReadGroupArgs{Group: "g", Consumer: "other", Streams: []string{stream, ">"}, Count: 3, Block: -1}).Result()
+	if err != nil || len(read[0].Messages) != 3 {
+		t.Fatalf("read 3: %v, %v", read, err)
+	}
+	if err := c.XAck(bg(t), stream, "g", read[0].Messages[0].ID).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if n := lag(); n != 4 {
@@ -575,5 +581,41 @@ func testQueuedAcks(t *testing.T, c redis.UniversalClient) {
 	}
 	if st := s.Stats(); st.AckErrors != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// testReadAhead: after a Fetch that returned entries, the next read is
+// already on its way (its entries are delivered to this consumer); when
+// the next Fetch takes them after more than half the ack wait, their idle
+// time starts again, so another consumer's reclaim does not take them
+// while the caller works on them.
+func testReadAhead(t *testing.T, c redis.UniversalClient) {
+	stream := newStream(t, c)
+	p := newPub(t, c, nil)
+	publish(t, p, stream, "1", "2", "3")
+	twoSeconds := func(cfg *streamsbroker.SubscriberConfig) { cfg.AckWait = 2 * time.Second }
+	s1 := newSub(t, c, stream, "g", twoSeconds)
+	s2 := newSub(t, c, stream, "g", twoSeconds)
+	first := fetch(t, s1, 1, 10*time.Second)
+	if len(first) != 1 || first[0].ID != "1" {
+		t.Fatalf("first fetch: %+v", first)
+	}
+	time.Sleep(1200 * time.Millisecond) // past half the ack wait
+	second := fetch(t, s1, 1, 10*time.Second)
+	if len(second) != 1 || second[0].ID != "2" || second[0].Delivery != 1 {
+		t.Fatalf("read-ahead entry: %+v", second)
+	}
+	// 2.3s after it was read, 1.1s after its idle time started again: past
+	// the ack wait only if it had not.
+	time.Sleep(1100 * time.Millisecond)
+	for _, m := range fetch(t, s2, 2, 300*time.Millisecond) {
+		if m.ID == "2" {
+			t.Fatalf("entry 2 reclaimed by another consumer (delivery %d) while its read-ahead delivery was in hand", m.Delivery)
+		}
+	}
+	for _, m := range append(first, second...) {
+		if err := m.Acker.Ack(bg(t)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

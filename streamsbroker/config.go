@@ -22,6 +22,7 @@ const (
 	DefaultAckWait       = 30 * time.Second
 	DefaultMaxDeliver    = 20
 	DefaultClaimInterval = time.Second
+	DefaultPollWait      = 200 * time.Millisecond
 	DefaultTrimInterval  = 30 * time.Second
 	// ConsumerExpiry: the periodic trim also deletes a group's consumers
 	// that hold no pending entry and have not read for this long (what
@@ -116,9 +117,14 @@ type SubscriberConfig struct {
 	// unbounded).
 	MaxDeliver int
 	// ClaimInterval is how often Fetch looks for entries idle past AckWait
-	// (and nak'ed ones that are due), and so the longest a blocking read
-	// waits. Default 1s.
+	// (and nak'ed ones that are due). Default 1s.
 	ClaimInterval time.Duration
+	// PollWait is the longest one blocking read (XREADGROUP BLOCK) waits
+	// for new entries. A blocking read cannot be interrupted, so it is also
+	// how late Fetch may return after its context ends, and how long Close
+	// may wait for a Fetch in progress. Default 200ms; at most
+	// ClaimInterval. An idle subscriber makes one read per PollWait.
+	PollWait time.Duration
 	// TrimInterval is how often Fetch trims the entries every group has
 	// acked (and deletes long-idle consumers that hold nothing).
 	// Default 30s; -1 never (the stream then keeps every entry until
@@ -150,8 +156,10 @@ func (c SubscriberConfig) Validate() error {
 		return fmt.Errorf("%w: streamsbroker: SubscriberConfig.Client is required", idem.ErrInvalidArgument)
 	case c.Group == "":
 		return fmt.Errorf("%w: streamsbroker: SubscriberConfig.Group is required", idem.ErrInvalidArgument)
-	case c.AckWait < 0, c.ClaimInterval < 0:
-		return fmt.Errorf("%w: streamsbroker: negative AckWait or ClaimInterval", idem.ErrInvalidArgument)
+	case c.AckWait < 0, c.ClaimInterval < 0, c.PollWait < 0:
+		return fmt.Errorf("%w: streamsbroker: negative AckWait, ClaimInterval or PollWait", idem.ErrInvalidArgument)
+	case c.PollWait > 0 && c.PollWait < time.Millisecond:
+		return fmt.Errorf("%w: streamsbroker: PollWait under a millisecond", idem.ErrInvalidArgument)
 	case c.AckWait > 0 && c.AckWait < 10*time.Millisecond:
 		return fmt.Errorf("%w: streamsbroker: AckWait %s under 10ms", idem.ErrInvalidArgument, c.AckWait)
 	case c.ClaimInterval > 0 && c.ClaimInterval < time.Millisecond:
@@ -178,6 +186,10 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.ClaimInterval == 0 {
 		c.ClaimInterval = DefaultClaimInterval
 	}
+	if c.PollWait == 0 {
+		c.PollWait = DefaultPollWait
+	}
+	c.PollWait = min(c.PollWait, c.ClaimInterval)
 	if c.TrimInterval == 0 {
 		c.TrimInterval = DefaultTrimInterval
 	}

@@ -12,7 +12,8 @@
 // Subscriber is one consumer of a consumer group. Fetch reclaims entries
 // idle past AckWait (XAUTOCLAIM, with each entry's delivery count read
 // from XPENDING in the same script) every ClaimInterval and otherwise
-// reads new ones (XREADGROUP >). Ack is XACK (queued and sent in batches
+// reads new ones (XREADGROUP >, blocking at most PollWait; the next read
+// is sent ahead while the caller works). Ack is XACK (queued and sent in batches
 // by a flusher, or inline with AckSync); Nak(delay) leaves the entry
 // pending with its idle time set so a reclaim redelivers it after delay
 // (at most AckWait); InProgress resets the idle time (XCLAIM JUSTID); Term

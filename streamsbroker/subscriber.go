@@ -32,6 +32,10 @@ type Subscriber struct {
 	nextClaim time.Time
 	nextTrim  time.Time
 
+	// read-ahead: the next XREADGROUP, sent when a Fetch returns, so its
+	// round trip overlaps the caller's work (readahead.go)
+	ahead chan aheadResult
+
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -144,8 +148,9 @@ func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 }
 
 // Fetch returns reclaimed entries when a reclaim is due (every
-// ClaimInterval), else new entries, waiting for the first one with a
-// blocking read of at most ClaimInterval at a time. It returns ctx's
+// ClaimInterval), else new entries, waiting for the first one with
+// blocking reads of at most PollWait each (a blocking read cannot be
+// interrupted: that is how late Fetch may return after ctx ends). It returns ctx's
 // error when ctx ends first, broker.ErrClosed after Close, and a Redis
 // error mapped onto idem's sentinels (idem.ErrUnavailable when Redis is
 // unreachable) after a failed round trip: the consumer runtime retries
@@ -195,7 +200,15 @@ func (s *Subscriber) fetchOnce(ctx context.Context, max int) ([]*broker.Message,
 			return msgs, s.fetchErr(ctx, "reclaim", err)
 		}
 	}
-	block := time.Until(s.nextClaim)
+	if msgs, ok, err := s.takeAhead(ctx); !ok {
+		return nil, ctx.Err()
+	} else if len(msgs) > 0 || err != nil {
+		if len(msgs) > 0 {
+			s.readAhead(max)
+		}
+		return msgs, s.fetchErr(ctx, "read", err)
+	}
+	block := min(time.Until(s.nextClaim), s.cfg.PollWait)
 	if dl, ok := ctx.Deadline(); ok {
 		block = min(block, time.Until(dl))
 	}
@@ -207,6 +220,9 @@ func (s *Subscriber) fetchOnce(ctx context.Context, max int) ([]*broker.Message,
 		// Read while Close waited for this round trip: Close hands them
 		// back with the rest of this consumer's pending entries.
 		return nil, broker.ErrClosed
+	}
+	if len(msgs) > 0 {
+		s.readAhead(max)
 	}
 	return msgs, s.fetchErr(ctx, "read", err)
 }
@@ -369,7 +385,7 @@ func (s *Subscriber) trim(ctx context.Context) {
 }
 
 // Close stops fetching (a Fetch in progress returns broker.ErrClosed after
-// its current round trip, at most ClaimInterval) and hands every entry
+// its current round trip, at most PollWait) and hands every entry
 // still pending for this consumer back to the group at once: they become
 // reclaimable by the other consumers now instead of after AckWait. A
 // consumer left with nothing pending is deleted from the group. Acks, naks
@@ -381,6 +397,10 @@ func (s *Subscriber) Close() error {
 		s.stopAcks() // queued acks go out before the hand-back
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if s.ahead != nil {
+			<-s.ahead // read ahead: pending for us, handed back below
+			s.ahead = nil
+		}
 		if !s.ready {
 			return // never reached the group: nothing was delivered
 		}
