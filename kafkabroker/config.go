@@ -22,6 +22,7 @@ const (
 	DefaultMaxNakDelay       = 5 * time.Minute
 	DefaultMaxUnsettled      = 10000
 	DefaultRevokeDrain       = 2 * time.Second
+	DefaultCloseTimeout      = 5 * time.Second
 )
 
 // PublisherConfig configures a Publisher. The reliability settings (acks=all,
@@ -127,6 +128,13 @@ type SubscriberConfig struct {
 	// MaxMessageBytes is the largest record the subscriber must be able to
 	// fetch (FetchMaxPartitionBytes). Default 1 MiB.
 	MaxMessageBytes int
+	// CloseTimeout bounds Close: its final commit and leaving the group.
+	// A group stuck in a rebalance (a member that joined and never
+	// synced) holds commits and the leave for up to RebalanceTimeout;
+	// Close gives up after CloseTimeout instead, and what it could not
+	// commit is redelivered to the partitions' next owner (the guard
+	// answers those as duplicates). Default 5s.
+	CloseTimeout time.Duration
 	// Logger: default slog.Default().
 	Logger *slog.Logger
 	// ClientOpts are extra franz-go options, applied first: the options
@@ -160,6 +168,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.RevokeDrain == 0 {
 		c.RevokeDrain = DefaultRevokeDrain
 	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
@@ -188,7 +199,7 @@ func (c SubscriberConfig) Validate() error {
 	}{
 		{"SessionTimeout", c.SessionTimeout}, {"RebalanceTimeout", c.RebalanceTimeout},
 		{"HeartbeatInterval", c.HeartbeatInterval}, {"CommitInterval", c.CommitInterval},
-		{"CommitTimeout", c.CommitTimeout}, {"MaxNakDelay", c.MaxNakDelay},
+		{"CommitTimeout", c.CommitTimeout}, {"MaxNakDelay", c.MaxNakDelay}, {"CloseTimeout", c.CloseTimeout},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s %s < 0", d.name, d.v))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -26,6 +27,12 @@ import (
 type Subscriber struct {
 	cfg SubscriberConfig
 	cl  *kgo.Client
+	// cancelClient ends the client's context (kgo.WithContext): a Close
+	// out of time cuts the group's in-flight join or sync with it.
+	cancelClient context.CancelFunc
+	// user holds the partition callbacks given in ClientOpts; the
+	// subscriber's own call them after doing their work.
+	user partitionCallbacks
 
 	// pollMu is held by Fetch across PollRecords and the registration of
 	// what it returned, and by the partition callbacks, so records polled
@@ -47,13 +54,22 @@ type Subscriber struct {
 	pollDue     time.Time // when the running poll is cut short for a redelivery
 	closed      bool
 	closeCh     chan struct{}
+	// joined: the member has joined the group and has its assignment
+	// (onAssigned ran) and has not lost it since; readyCh is closed while
+	// it is true. lastErr is the latest connection or group error.
+	joined  bool
+	readyCh chan struct{}
+	lastErr error
 
 	wg sync.WaitGroup
 
 	onCommitted func(topicPartition, int64) // test hook, called under mu
 }
 
-var _ broker.Subscriber = (*Subscriber)(nil)
+var (
+	_ broker.Subscriber = (*Subscriber)(nil)
+	_ broker.Readier    = (*Subscriber)(nil)
+)
 
 type topicPartition struct {
 	topic     string
@@ -79,6 +95,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		parts:   make(map[topicPartition]*partition),
 		wake:    make(chan struct{}),
 		closeCh: make(chan struct{}),
+		readyCh: make(chan struct{}),
 	}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.StartAtEnd {
@@ -88,6 +105,11 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.ReadUncommitted {
 		iso = kgo.ReadUncommitted()
 	}
+	user, err := userCallbacks(cfg.ClientOpts)
+	if err != nil {
+		return nil, err
+	}
+	s.user = user
 	opts := append(slices.Clone(cfg.ClientOpts),
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.WithLogger(slogLogger{cfg.Logger}),
@@ -104,15 +126,85 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		kgo.OnPartitionsAssigned(s.onAssigned),
 		kgo.OnPartitionsRevoked(s.onRevoked),
 		kgo.OnPartitionsLost(s.onLost),
+		kgo.WithHooks(readyHooks{s}),
 	)
-	cl, err := kgo.NewClient(opts...)
+	clientCtx, cancelClient := context.WithCancel(context.Background())
+	opts = append(opts, kgo.WithContext(clientCtx))
+	var cl *kgo.Client
+	cl, err = kgo.NewClient(opts...)
 	if err != nil {
+		cancelClient()
 		return nil, fmt.Errorf("%w: kafkabroker: %w", idem.ErrInvalidArgument, err)
 	}
-	s.cl = cl
+	s.cl, s.cancelClient = cl, cancelClient
 	s.wg.Add(1)
 	go s.commitLoop()
 	return s, nil
+}
+
+// WaitReady implements broker.Readier: it returns nil once the member has
+// joined the group and received its assignment (possibly empty, when the
+// group has more members than partitions), at once if it has, and waits
+// meanwhile: an unreachable broker at start is not an error, franz-go
+// keeps dialing and joining. When ctx ends first it returns ctx's error
+// with the last connection or group error; after Close, broker.ErrClosed.
+// A member whose partitions were lost (session expired) is not ready until
+// it has joined again.
+func (s *Subscriber) WaitReady(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		closed, joined, ch := s.closed, s.joined, s.readyCh
+		s.mu.Unlock()
+		switch {
+		case closed:
+			return broker.ErrClosed
+		case joined:
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-s.closeCh:
+			return broker.ErrClosed
+		case <-ctx.Done():
+			s.mu.Lock()
+			last := s.lastErr
+			s.mu.Unlock()
+			if last != nil {
+				return fmt.Errorf("kafkabroker: group %s not joined: %w (last error: %w)", s.cfg.Group, ctx.Err(), last)
+			}
+			return fmt.Errorf("kafkabroker: group %s not joined: %w", s.cfg.Group, ctx.Err())
+		}
+	}
+}
+
+// setJoinedLocked records whether the member is in the group with an assignment.
+func (s *Subscriber) setJoinedLocked(joined bool) {
+	if joined == s.joined {
+		return
+	}
+	s.joined = joined
+	if joined {
+		close(s.readyCh)
+	} else {
+		s.readyCh = make(chan struct{})
+	}
+}
+
+// readyHooks keeps the latest connection and group errors for WaitReady.
+type readyHooks struct{ s *Subscriber }
+
+func (h readyHooks) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil {
+		h.s.mu.Lock()
+		h.s.lastErr = err
+		h.s.mu.Unlock()
+	}
+}
+
+func (h readyHooks) OnGroupManageError(err error) {
+	h.s.mu.Lock()
+	h.s.lastErr = err
+	h.s.mu.Unlock()
 }
 
 // RedeliveryWindow is SubscriberConfig.RedeliveryWindow.
@@ -377,9 +469,17 @@ func (a *acker) Nak(_ context.Context, delay time.Duration) error {
 // membership is kept alive by franz-go's heartbeats.
 func (a *acker) InProgress(context.Context) error { return nil }
 
-// onAssigned starts tracking newly assigned partitions. franz-go fetches
-// them from the group's committed offsets.
-func (s *Subscriber) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+// onAssigned starts tracking newly assigned partitions (franz-go fetches
+// them from the group's committed offsets), then calls the caller's
+// OnPartitionsAssigned.
+func (s *Subscriber) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	s.assigned(assigned)
+	if f := s.user.assigned; f != nil {
+		f(ctx, cl, assigned)
+	}
+}
+
+func (s *Subscriber) assigned(assigned map[string][]int32) {
 	s.beginRebalance(nil)
 	defer s.endRebalance()
 	s.pollMu.Lock()
@@ -395,12 +495,21 @@ func (s *Subscriber) onAssigned(_ context.Context, _ *kgo.Client, assigned map[s
 			s.parts[k] = &partition{topicPartition: k, t: newTracker()}
 		}
 	}
+	s.setJoinedLocked(true)
 }
 
 // onRevoked stops handing out the revoked partitions, waits up to
 // RevokeDrain for deliveries with the handler to settle, then commits the
-// settled prefix of every partition and forgets the revoked ones.
-func (s *Subscriber) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+// settled prefix of every partition and forgets the revoked ones; then it
+// calls the caller's OnPartitionsRevoked.
+func (s *Subscriber) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	s.revoked(ctx, revoked)
+	if f := s.user.revoked; f != nil {
+		f(ctx, cl, revoked)
+	}
+}
+
+func (s *Subscriber) revoked(ctx context.Context, revoked map[string][]int32) {
 	parts := s.beginRebalance(revoked)
 	defer s.endRebalance()
 	s.pollMu.Lock()
@@ -424,8 +533,16 @@ func (s *Subscriber) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[s
 }
 
 // onLost forgets partitions taken away without a clean revoke (session
-// expired, fenced): a commit would be rejected, so none is tried.
-func (s *Subscriber) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+// expired, fenced): a commit would be rejected, so none is tried. Then it
+// calls the caller's OnPartitionsLost.
+func (s *Subscriber) onLost(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
+	s.lost(lost)
+	if f := s.user.lost; f != nil {
+		f(ctx, cl, lost)
+	}
+}
+
+func (s *Subscriber) lost(lost map[string][]int32) {
 	parts := s.beginRebalance(lost)
 	defer s.endRebalance()
 	s.pollMu.Lock()
@@ -435,6 +552,7 @@ func (s *Subscriber) onLost(_ context.Context, _ *kgo.Client, lost map[string][]
 	for _, p := range parts {
 		s.killLocked(p)
 	}
+	s.setJoinedLocked(false)
 	if len(parts) > 0 {
 		s.cfg.Logger.Warn("kafkabroker: partitions lost; their unsettled messages go to the next owner", "partitions", len(parts))
 	}
@@ -604,8 +722,12 @@ func (s *Subscriber) commitLoop() {
 }
 
 // Close commits the settled prefix of every partition, leaves the group and
-// closes the client. Unsettled deliveries are redelivered to the group's next
-// owner of their partition; later settles of them are ignored.
+// closes the client, within CloseTimeout. Unsettled deliveries are
+// redelivered to the group's next owner of their partition; later settles
+// of them are ignored. When the group is stuck in a rebalance (commits and
+// the leave wait for it), Close gives up at CloseTimeout and returns an
+// error; the client then finishes closing in the background, and what was
+// not committed is redelivered to the next owner.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -620,15 +742,36 @@ func (s *Subscriber) Close() error {
 	s.wakeLocked()
 	s.mu.Unlock()
 
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CloseTimeout)
+	defer cancel()
 	s.fetchMu.Lock() // a running Fetch has returned
 	s.fetchMu.Unlock()
 	s.wg.Wait()
-	err := s.commit(context.Background(), nil)
-	s.cl.Close() // leaves the group; onRevoked commits again and forgets all
-	if err != nil {
+	err := s.commit(ctx, nil)
+	// Leaving the group runs onRevoked, which commits again (Close's
+	// commit is done: it only forgets the partitions) and waits for an
+	// in-flight join or sync to end first.
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		s.cl.Close()
+	}()
+	select {
+	case <-closed:
+		s.cancelClient()
 		return err
+	case <-ctx.Done():
 	}
-	return nil
+	// franz-go sends JoinGroup and SyncGroup on the client's context, so
+	// that a leave waits for them and the last revoke can still commit.
+	// Out of time: end that context, which fails them and every other
+	// request, and the close finishes at once. The coordinator drops this
+	// member after SessionTimeout.
+	s.cfg.Logger.Warn("kafkabroker: close timed out while the group rebalances; leaving without waiting for it",
+		"group", s.cfg.Group, "close_timeout", s.cfg.CloseTimeout)
+	s.cancelClient()
+	<-closed
+	return errors.Join(err, fmt.Errorf("kafkabroker: close: leaving group %s: %w", s.cfg.Group, ctx.Err()))
 }
 
 // due is a nak'd delivery waiting for its delay.

@@ -17,5 +17,10 @@
 // (broker.DeliveryLimiter), so the consumer runtime dead-letters a message
 // on its last delivery. RedeliveryWindow reports AckWait*MaxDeliver (or the
 // sum of the BackOff steps) so the guard can warn when records expire
-// sooner. The caller owns the NATS connection. See docs/natsbroker.md.
+// sooner. A server that cannot be reached, or a stream that does not exist
+// yet, does not fail NewSubscriber: the durable consumer is created in the
+// background with backoff, Fetch waits for it and WaitReady tells
+// (broker.Readier). The caller owns the NATS connection (connect with
+// nats.RetryOnFailedConnect to start before the server). See
+// docs/natsbroker.md.
 package natsbroker

@@ -12,7 +12,16 @@ import (
 // (delivered, not acked or termed), over every subscriber of the durable
 // (broker.LagReporter). One request to the server per call.
 func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
-	info, err := s.cons.Info(ctx)
+	select {
+	case <-s.ready:
+	default:
+		return 0, fmt.Errorf("natsbroker: lag of %s/%s: the durable consumer is not created yet", s.cfg.Stream, s.cfg.Durable)
+	}
+	cons, err := s.consumer(ctx)
+	if err != nil {
+		return 0, err
+	}
+	info, err := cons.Info(ctx)
 	if err != nil {
 		if s.closeCtx.Err() != nil {
 			return 0, broker.ErrClosed

@@ -313,28 +313,53 @@ func (c SubscriberConfig) RedeliveryWindow() time.Duration {
 // Subscriber fetches from a durable pull consumer with explicit acks.
 type Subscriber struct {
 	cfg      SubscriberConfig
-	cons     jetstream.Consumer
-	maxDel   int // the consumer's MaxDeliver as the server holds it
+	cc       jetstream.ConsumerConfig
 	closeCtx context.Context
 	close    context.CancelFunc
 	once     sync.Once
+	wg       sync.WaitGroup // the goroutine creating the durable consumer
+
+	// ready is closed once the durable consumer exists (cons, maxDel
+	// set) or can never be created (failed set); until then Fetch waits.
+	ready   chan struct{}
+	mu      sync.Mutex
+	cons    jetstream.Consumer
+	maxDel  int // the consumer's MaxDeliver as the server holds it
+	failed  error
+	lastErr error // the latest failure to create it
 }
+
+// Retry pauses while the durable consumer cannot be created.
+const (
+	createRetryMin = 100 * time.Millisecond
+	createRetryMax = 5 * time.Second
+)
 
 // NewSubscriber creates (or updates) the durable consumer and returns a
 // subscriber on it. Several subscribers with one Durable share its work.
-// It returns ErrServerVersion when the connected server is older than
-// MinServerVersion.
+//
+// A server that cannot be reached, or a stream that does not exist yet, is
+// not an error: NewSubscriber logs it and returns, and keeps creating the
+// durable consumer in the background with backoff (100ms doubling to 5s)
+// until it exists or the subscriber is closed; Fetch waits for it and
+// WaitReady tells (broker.Readier). For an application that may start
+// before its server, connect with nats.RetryOnFailedConnect(true) (and
+// nats.MaxReconnects(-1)), or nats.Connect itself fails. Errors no retry
+// can fix are returned at once: a server older than MinServerVersion
+// (ErrServerVersion), a configuration the server refuses, a closed
+// connection; found later, they end the retries and WaitReady and Fetch
+// return them.
 func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
-	if nc := cfg.JS.Conn(); nc != nil {
-		if v := nc.ConnectedServerVersion(); v != "" && !atLeast(v, MinServerVersion) {
-			return nil, fmt.Errorf("%w: connected to %s", ErrServerVersion, v)
-		}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	cc := jetstream.ConsumerConfig{
+	cfg = cfg.withDefaults()
+	cctx, cancel := context.WithCancel(context.Background())
+	s := &Subscriber{cfg: cfg, closeCtx: cctx, close: cancel, ready: make(chan struct{}), maxDel: cfg.MaxDeliver}
+	s.cc = jetstream.ConsumerConfig{
 		Durable:       cfg.Durable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -344,16 +369,155 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 		MaxAckPending: cfg.MaxAckPending,
 		FilterSubject: cfg.FilterSubject,
 	}
-	cons, err := cfg.JS.CreateOrUpdateConsumer(ctx, cfg.Stream, cc)
+	err := s.create(ctx)
+	switch {
+	case err == nil:
+		return s, nil
+	case permanent(err):
+		cancel()
+		return nil, err
+	}
+	s.retryLater(err)
+	s.wg.Add(1)
+	go s.createLoop()
+	return s, nil
+}
+
+// errNotConnected: the connection is not up (yet).
+var errNotConnected = errors.New("natsbroker: not connected to a server")
+
+// create makes the durable consumer once.
+func (s *Subscriber) create(ctx context.Context) error {
+	nc := s.cfg.JS.Conn()
+	if nc != nil {
+		switch {
+		case nc.IsClosed():
+			return fmt.Errorf("natsbroker: consumer %s on stream %s: %w", s.cfg.Durable, s.cfg.Stream, nats.ErrConnectionClosed)
+		case !nc.IsConnected():
+			return errNotConnected
+		}
+		if v := nc.ConnectedServerVersion(); v != "" && !atLeast(v, MinServerVersion) {
+			return fmt.Errorf("%w: connected to %s", ErrServerVersion, v)
+		}
+	}
+	cons, err := s.cfg.JS.CreateOrUpdateConsumer(ctx, s.cfg.Stream, s.cc)
 	if err != nil {
-		return nil, fmt.Errorf("natsbroker: consumer %s on stream %s: %w", cfg.Durable, cfg.Stream, err)
+		return fmt.Errorf("natsbroker: consumer %s on stream %s: %w", s.cfg.Durable, s.cfg.Stream, err)
 	}
-	maxDel := cfg.MaxDeliver
+	s.mu.Lock()
+	s.cons = cons
 	if info := cons.CachedInfo(); info != nil {
-		maxDel = info.Config.MaxDeliver
+		s.maxDel = info.Config.MaxDeliver
 	}
-	cctx, cancel := context.WithCancel(context.Background())
-	return &Subscriber{cfg: cfg, cons: cons, maxDel: maxDel, closeCtx: cctx, close: cancel}, nil
+	s.mu.Unlock()
+	close(s.ready)
+	return nil
+}
+
+// permanent reports an error creating the durable consumer that no retry
+// fixes: an old server, a closed connection, or the server's refusal of
+// the configuration (a JetStream API error other than a stream not found
+// or JetStream not available yet).
+func permanent(err error) bool {
+	if errors.Is(err, ErrServerVersion) || errors.Is(err, nats.ErrConnectionClosed) {
+		return true
+	}
+	var ae *jetstream.APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.ErrorCode {
+	case jetstream.JSErrCodeStreamNotFound, jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
+		return false
+	}
+	return ae.Code != 503 && ae.Code != 408 // unavailable, timeout: the server is not ready
+}
+
+// retryLater records err and logs that the durable consumer does not exist
+// yet.
+func (s *Subscriber) retryLater(err error) {
+	s.mu.Lock()
+	s.lastErr = err
+	s.mu.Unlock()
+	s.cfg.Logger.Warn("natsbroker: durable consumer not created yet; retrying in the background", "stream", s.cfg.Stream, "durable", s.cfg.Durable, "err", err)
+}
+
+// createLoop creates the durable consumer with backoff until it exists,
+// an error no retry fixes, or Close.
+func (s *Subscriber) createLoop() {
+	defer s.wg.Done()
+	delay := createRetryMin
+	for attempt := 1; ; attempt++ {
+		t := time.NewTimer(delay)
+		select {
+		case <-s.closeCtx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(s.closeCtx, max(s.cfg.PollWait, 5*time.Second))
+		err := s.create(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			s.cfg.Logger.Info("natsbroker: durable consumer created", "stream", s.cfg.Stream, "durable", s.cfg.Durable, "attempts", attempt+1)
+			return
+		case s.closeCtx.Err() != nil:
+			return
+		case permanent(err):
+			s.cfg.Logger.Error("natsbroker: durable consumer cannot be created; giving up", "stream", s.cfg.Stream, "durable", s.cfg.Durable, "err", err)
+			s.mu.Lock()
+			s.failed = err
+			s.mu.Unlock()
+			close(s.ready)
+			return
+		}
+		delay = min(2*delay, createRetryMax)
+		s.mu.Lock()
+		s.lastErr = err
+		s.mu.Unlock()
+		s.cfg.Logger.Warn("natsbroker: durable consumer not created yet; retrying", "stream", s.cfg.Stream, "durable", s.cfg.Durable, "attempt", attempt, "retry_in", delay, "err", err)
+	}
+}
+
+// WaitReady implements broker.Readier: it returns nil once the durable
+// consumer exists (at once if it does), and otherwise waits until it is
+// created, ctx ends (ctx's error with the last error creating it), the
+// subscriber is closed (broker.ErrClosed) or creating it failed for good
+// (that error).
+func (s *Subscriber) WaitReady(ctx context.Context) error {
+	_, err := s.consumer(ctx)
+	return err
+}
+
+// consumer returns the durable consumer, waiting for it as WaitReady does.
+func (s *Subscriber) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	if s.closeCtx.Err() != nil {
+		return nil, broker.ErrClosed
+	}
+	select {
+	case <-s.ready:
+	default:
+		select {
+		case <-s.ready:
+		case <-s.closeCtx.Done():
+			return nil, broker.ErrClosed
+		case <-ctx.Done():
+			s.mu.Lock()
+			last := s.lastErr
+			s.mu.Unlock()
+			if last != nil {
+				return nil, fmt.Errorf("natsbroker: consumer %s on stream %s not created yet: %w (last error: %w)", s.cfg.Durable, s.cfg.Stream, ctx.Err(), last)
+			}
+			return nil, ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed != nil {
+		return nil, s.failed
+	}
+	return s.cons, nil
 }
 
 // RedeliveryWindow implements broker.Subscriber.
@@ -363,13 +527,24 @@ func (s *Subscriber) RedeliveryWindow() time.Duration { return s.cfg.RedeliveryW
 // unlimited): JetStream stops delivering a message after that many
 // deliveries, so the consumer runtime dead-letters a message on its last
 // delivery instead of handing it back (broker.DeliveryLimiter).
-func (s *Subscriber) MaxDeliveries() int { return max(s.maxDel, 0) }
+func (s *Subscriber) MaxDeliveries() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.maxDel, 0)
+}
 
 // Fetch returns what is available at once (up to max) or waits for the
 // first message, polling the server at most PollWait per request.
 func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, error) {
 	if max <= 0 {
 		max = 1
+	}
+	cons, err := s.consumer(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
 	}
 	for {
 		if s.closeCtx.Err() != nil {
@@ -379,7 +554,7 @@ func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, err
 			return nil, err
 		}
 		// Fast path: whatever is pending now, in one round trip.
-		out, err := s.collect(s.cons.FetchNoWait(max))
+		out, err := s.collect(cons.FetchNoWait(max))
 		if err != nil || len(out) > 0 {
 			return out, err
 		}
@@ -396,12 +571,12 @@ func (s *Subscriber) Fetch(ctx context.Context, max int) ([]*broker.Message, err
 		}
 		pctx, cancel := context.WithTimeout(ctx, wait)
 		stop := context.AfterFunc(s.closeCtx, cancel)
-		out, err = s.collect(s.cons.Fetch(1, jetstream.FetchContext(pctx)))
+		out, err = s.collect(cons.Fetch(1, jetstream.FetchContext(pctx)))
 		stop()
 		cancel()
 		if len(out) > 0 {
 			if max > 1 {
-				more, _ := s.collect(s.cons.FetchNoWait(max - 1))
+				more, _ := s.collect(cons.FetchNoWait(max - 1))
 				out = append(out, more...)
 			}
 			return out, nil
@@ -479,6 +654,7 @@ func (s *Subscriber) Close() error {
 	var err error
 	s.once.Do(func() {
 		s.close()
+		s.wg.Wait()
 		if nc := s.cfg.JS.Conn(); nc != nil && !nc.IsClosed() {
 			err = nc.FlushTimeout(5 * time.Second)
 		}
@@ -568,4 +744,5 @@ var (
 	_ broker.Publisher       = (*Publisher)(nil)
 	_ broker.Subscriber      = (*Subscriber)(nil)
 	_ broker.DeliveryLimiter = (*Subscriber)(nil)
+	_ broker.Readier         = (*Subscriber)(nil)
 )

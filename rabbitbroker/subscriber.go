@@ -604,4 +604,5 @@ var (
 	_ broker.Subscriber      = (*Subscriber)(nil)
 	_ broker.DeliveryLimiter = (*Subscriber)(nil)
 	_ broker.LagReporter     = (*Subscriber)(nil)
+	_ broker.Readier         = (*Subscriber)(nil)
 )
