@@ -1,6 +1,7 @@
 package streamsbroker_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -41,6 +42,7 @@ func TestAdapter(t *testing.T) {
 		{"Lag", testLag},
 		{"QueuedAcksFlushed", testQueuedAcks},
 		{"ReadAheadKeepsItsEntries", testReadAhead},
+		{"FetchReturnsAtMostMax", testFetchMax},
 	}
 	for _, target := range []string{"single", "cluster"} {
 		t.Run(target, func(t *testing.T) {
@@ -617,5 +619,40 @@ func testReadAhead(t *testing.T, c redis.UniversalClient) {
 		if err := m.Acker.Ack(bg(t)); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// testFetchMax: Fetch returns at most max entries, also when what was read
+// ahead (for a larger max) is more; the rest comes with the next calls, in
+// order, each entry once.
+func testFetchMax(t *testing.T, c redis.UniversalClient) {
+	stream := newStream(t, c)
+	p := newPub(t, c, nil)
+	var ids []string
+	for i := range 20 {
+		ids = append(ids, fmt.Sprintf("%02d", i))
+	}
+	publish(t, p, stream, ids...)
+	s := newSub(t, c, stream, "g", func(cfg *streamsbroker.SubscriberConfig) { cfg.AckWait = time.Minute })
+	var got []string
+	for _, max := range []int{8, 2, 3, 1, 10, 10} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		msgs, err := s.Fetch(ctx, max)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) > max {
+			t.Fatalf("Fetch(%d) returned %d messages", max, len(msgs))
+		}
+		for _, m := range msgs {
+			got = append(got, m.ID)
+		}
+		if len(got) == len(ids) {
+			break
+		}
+	}
+	if strings.Join(got, ",") != strings.Join(ids, ",") {
+		t.Fatalf("fetched %v, want %v", got, ids)
 	}
 }

@@ -35,6 +35,8 @@ type Subscriber struct {
 	// read-ahead: the next XREADGROUP, sent when a Fetch returns, so its
 	// round trip overlaps the caller's work (readahead.go)
 	ahead chan aheadResult
+	buf   []*broker.Message // read ahead, not yet returned
+	bufAt time.Time         // when buf was read, or its idle time last reset
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -200,7 +202,7 @@ func (s *Subscriber) fetchOnce(ctx context.Context, max int) ([]*broker.Message,
 			return msgs, s.fetchErr(ctx, "reclaim", err)
 		}
 	}
-	if msgs, ok, err := s.takeAhead(ctx); !ok {
+	if msgs, ok, err := s.fromAhead(ctx, max); !ok {
 		return nil, ctx.Err()
 	} else if len(msgs) > 0 || err != nil {
 		if len(msgs) > 0 {
