@@ -44,9 +44,13 @@
 // handler's context cancelled if any claim is lost. With a TxHandler (one
 // message) or TxBatchHandler (a batch) the handler claims, applies and
 // completes in one transaction of the database that holds both the effects
-// and the records (invariant 2; e.g. pgstore's DoTx, ClaimBatchTx and
-// CompleteBatchTx) and the runtime settles each message from the outcome
-// it reports. Steps builds multi-step flows that resume at the first
+// and the records (invariant 2; pgstore.TxHandler and TxBatchHandler, and
+// mysqlstore's, build them on DoTx, ClaimBatchTx and CompleteBatchTx) and
+// the runtime settles each message from the outcome it reports. A plain
+// Handler may also call pgstore's or mysqlstore's DoTx on its message's
+// key: DoTx completes the runtime's own claim (HeldToken) in the effect's
+// transaction. WaitReady reports the subscriber's readiness
+// (broker.Readier). Steps builds multi-step flows that resume at the first
 // unfinished step. Hooks and Stats observe it. See docs/consumer.md.
 //
 // broker/membroker is an in-memory broker for tests and examples.
