@@ -263,3 +263,22 @@ func childParams() (string, string, bool) {
 	s := os.Getenv("IDEM_E2E_CHILD")
 	return s, os.Getenv("IDEM_E2E_PARAMS"), s != ""
 }
+
+// longRuns: IDEM_ROCKET_LONG=1 runs the end-to-end tests at the other
+// adapters' sizes and the slow fault tests (TestConnectionCut). The
+// default keeps the module's -race run short.
+func longRuns() bool { return os.Getenv("IDEM_ROCKET_LONG") == "1" }
+
+// quickTopic is a topic on a fake of the test's own whose delay levels are
+// 100ms apart (1s, 5s, 10s... on a real broker), for tests that wait for
+// naks; on a real cluster, a topic there.
+func quickTopic(t testing.TB, queues int) topic {
+	if shared.fake == nil {
+		return newTopic(t, queues)
+	}
+	var levels []time.Duration
+	for i := range 18 {
+		levels = append(levels, time.Duration(i+1)*100*time.Millisecond)
+	}
+	return startFake(t, fakerocket.Config{DelayLevels: levels}).newTopic(t, queues)
+}

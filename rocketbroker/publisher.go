@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"strconv"
 	"strings"
@@ -42,6 +43,28 @@ func instanceName(kind string) string {
 	return fmt.Sprintf("idem-%s-%d-%d", kind, os.Getpid(), instanceSeq.Add(1))
 }
 
+// queueSelector sends a message with a key to the queue its SHARDING_KEY
+// hashes to (FNV-1a, as the client's hash selector: per-key order), and
+// one without to the next queue in turn (as the client's default), so
+// that one publisher's keyless messages reach each queue in publish
+// order.
+type queueSelector struct{ next atomic.Uint32 }
+
+func (q *queueSelector) Select(m *primitive.Message, mqs []*primitive.MessageQueue, lastBroker string) *primitive.MessageQueue {
+	if k := m.GetShardingKey(); k != "" {
+		h := fnv.New32a()
+		h.Write([]byte(k))
+		return mqs[h.Sum32()%uint32(len(mqs))]
+	}
+	for range mqs {
+		mq := mqs[q.next.Add(1)%uint32(len(mqs))]
+		if mq.BrokerName != lastBroker || lastBroker == "" {
+			return mq // a retry avoids the broker that just failed
+		}
+	}
+	return mqs[q.next.Add(1)%uint32(len(mqs))]
+}
+
 func credentials(c Client) primitive.Credentials {
 	return primitive.Credentials{AccessKey: c.AccessKey, SecretKey: c.SecretKey}
 }
@@ -60,9 +83,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		producer.WithInstanceName(instanceName("producer")),
 		producer.WithSendMsgTimeout(cfg.SendTimeout),
 		producer.WithRetry(cfg.Retries),
-		// A message with a key goes to the queue its SHARDING_KEY hashes
-		// to (per-key order); one without, to a random queue.
-		producer.WithQueueSelector(producer.NewHashQueueSelector()),
+		producer.WithQueueSelector(&queueSelector{}),
 	}
 	if cfg.AccessKey != "" {
 		opts = append(opts, producer.WithCredentials(credentials(cfg.Client)))

@@ -47,6 +47,8 @@ type Subscriber struct {
 	closeErr  error
 
 	callbacks sync.WaitGroup
+	cbMu      sync.Mutex
+	cbClosed  bool // Close waits for the callbacks: no new one may start
 	starter   sync.WaitGroup
 	pending   atomic.Int64 // deliveries handed out, not settled
 	starts    atomic.Int64
@@ -58,6 +60,8 @@ type Subscriber struct {
 	smu       sync.Mutex
 	returning int
 	recent    []settledRef
+
+	lastRebalance atomic.Int64 // unix ns of the last queue allocation (or start)
 }
 
 // settledRef is a settled delivery's queue and offset.
@@ -114,6 +118,7 @@ func (s *Subscriber) options() []consumer.Option {
 		consumer.WithConsumeTimeout(cfg.ConsumeTimeout),
 		consumer.WithPullBatchSize(int32(cfg.PullBatchSize)),
 		consumer.WithAutoCommit(true),
+		consumer.WithStrategy(s.allocate),
 	}
 	if cfg.MaxReconsumeTimes > 0 {
 		opts = append(opts, consumer.WithMaxReconsumeTimes(int32(cfg.MaxReconsumeTimes)))
@@ -122,6 +127,13 @@ func (s *Subscriber) options() []consumer.Option {
 		opts = append(opts, consumer.WithCredentials(credentials(cfg.Client)))
 	}
 	return opts
+}
+
+// allocate is the client's default queue allocation (averagely), noting
+// when a rebalance ran (see quiesce).
+func (s *Subscriber) allocate(group, id string, mqs []*primitive.MessageQueue, ids []string) []*primitive.MessageQueue {
+	s.lastRebalance.Store(time.Now().UnixNano())
+	return consumer.AllocateByAveragely(group, id, mqs, ids)
 }
 
 // start creates and starts push consumers until one runs or Close.
@@ -176,6 +188,7 @@ func (s *Subscriber) startOnce() error {
 	// is done once; the route refresh, heartbeat and rebalance that end
 	// Start run again) to pick the retry topic up now.
 	_ = pc.Start()
+	s.lastRebalance.Store(time.Now().UnixNano())
 	s.pc = pc
 	s.starts.Add(1)
 	s.mu.Unlock()
@@ -306,7 +319,14 @@ func (d *delivery) abandon() outcome {
 // (ConsumeMessageBatchMaxSize 1) and returns only once the message is
 // settled or the subscriber closed.
 func (s *Subscriber) consume(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+	s.cbMu.Lock()
+	if s.cbClosed {
+		s.cbMu.Unlock()
+		// Shut down: the client ignores what we return.
+		return consumer.ConsumeRetryLater, broker.ErrClosed
+	}
 	s.callbacks.Add(1)
+	s.cbMu.Unlock()
 	defer s.callbacks.Done()
 	if len(msgs) != 1 {
 		// Not with this configuration; settle nothing we were not asked
@@ -449,9 +469,13 @@ func (s *Subscriber) Close() error {
 		s.mu.Unlock()
 		if pc != nil {
 			s.drain(pc)
+			s.quiesce(pc)
 			s.closeErr = pc.Shutdown()
 		}
 		close(s.released)
+		s.cbMu.Lock()
+		s.cbClosed = true
+		s.cbMu.Unlock()
 		s.callbacks.Wait()
 	})
 	return s.closeErr
@@ -489,6 +513,28 @@ func (s *Subscriber) drain(pc rocketmq.PushConsumer) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// quiesce suspends the consumer (no new rebalance starts) and waits until
+// no rebalance has been seen for rebalanceQuiet (at most settleWindow).
+// The client's Shutdown sets a plain field that its rebalances read on
+// every request they make (rmqClient.close): a rebalance under way while
+// the consumer shuts down is a data race (reported by the race detector;
+// harmless otherwise: the request fails or goes through). Rebalances run
+// after Start, every 20s, and when the broker reports a member joining or
+// leaving; on a healthy broker they take milliseconds.
+func (s *Subscriber) quiesce(pc rocketmq.PushConsumer) {
+	pc.Suspend()
+	deadline := time.Now().Add(settleWindow)
+	for time.Now().Before(deadline) {
+		quiet := time.Since(time.Unix(0, s.lastRebalance.Load()))
+		if quiet >= rebalanceQuiet {
+			return
+		}
+		time.Sleep(rebalanceQuiet - quiet)
+	}
+}
+
+const rebalanceQuiet = 300 * time.Millisecond
 
 // recorded reports whether the client's view of r's queue shows r done:
 // the queue's (in-memory) commit offset is past it, or a message before

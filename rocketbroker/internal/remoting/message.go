@@ -172,6 +172,9 @@ func readHost(r *reader, v6 bool) netip.AddrPort {
 	}
 	raw := r.bytes(n)
 	port := r.u32()
+	if r.err == nil && port > 65535 {
+		r.err = fmt.Errorf("port %d", port)
+	}
 	if r.err != nil {
 		return netip.AddrPort{}
 	}
@@ -210,8 +213,8 @@ func DecodeStored(data []byte) ([]*Stored, error) {
 		m.ReconsumeTimes = int32(r.u32())
 		m.PreparedTransactionOffset = int64(r.u64())
 		m.Body = slices.Clone(r.bytes(int(int32(r.u32()))))
-		m.Topic = string(r.bytes(int(r.u8())))
-		m.Properties = string(r.bytes(int(r.u16())))
+		m.Topic = string(r.bytes(int(int8(r.u8()))))
+		m.Properties = string(r.bytes(int(int16(r.u16()))))
 		if r.err != nil {
 			return nil, fmt.Errorf("remoting: stored message: %w", r.err)
 		}
@@ -268,7 +271,7 @@ func DecodeBatched(data []byte) ([]*Batched, error) {
 		r.u32() // body CRC
 		m := &Batched{Flag: int32(r.u32())}
 		m.Body = slices.Clone(r.bytes(int(int32(r.u32()))))
-		m.Properties = string(r.bytes(int(r.u16())))
+		m.Properties = string(r.bytes(int(int16(r.u16()))))
 		if r.err != nil {
 			return nil, fmt.Errorf("remoting: batched message: %w", r.err)
 		}
