@@ -3,8 +3,9 @@
 // broker conformance suite (brokertest) work with any of them. The
 // adapters are membroker (in memory, in this module), natsbroker (NATS
 // JetStream), kafkabroker (Kafka, franz-go), rabbitbroker (RabbitMQ,
-// amqp091-go) and streamsbroker (Redis Streams, go-redis), each its own
-// module; the README's layout table lists them as they are added.
+// amqp091-go), streamsbroker (Redis Streams, go-redis) and rocketbroker
+// (RocketMQ 4.x, rocketmq-client-go), each its own module; the README's
+// layout table lists them as they are added.
 package broker
 
 import (

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/rocketbroker/internal/remoting"
 )
 
 // Defaults. docs/rocketbroker.md says where each comes from.
@@ -27,12 +28,7 @@ const (
 // DefaultDelayLevels are the broker's default messageDelayLevel ("1s 5s
 // 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"): level i+1 waits
 // DefaultDelayLevels[i].
-var DefaultDelayLevels = []time.Duration{
-	time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second,
-	time.Minute, 2 * time.Minute, 3 * time.Minute, 4 * time.Minute, 5 * time.Minute,
-	6 * time.Minute, 7 * time.Minute, 8 * time.Minute, 9 * time.Minute, 10 * time.Minute,
-	20 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour,
-}
+var DefaultDelayLevels = slices.Clone(remoting.DefaultDelayLevels)
 
 // Client is how to reach the cluster; shared by PublisherConfig and
 // SubscriberConfig.
@@ -173,6 +169,14 @@ type SubscriberConfig struct {
 	ConsumeTimeout time.Duration
 	// PullBatchSize is how many messages one pull asks for. Default 32.
 	PullBatchSize int
+	// MaxSpan is the client's consumeConcurrentlyMaxSpan: a queue whose
+	// cached messages span more offsets than this (its lowest unsettled
+	// message and its newest pulled one) is not pulled from until it
+	// shrinks; it also bounds what a crash makes the group's next member
+	// consume again (the committed offset cannot pass a queue's lowest
+	// unsettled message). Default 2000 (the client's), at least
+	// 2 x MaxInFlight when that is larger.
+	MaxSpan int
 	// DelayLevels must be the broker's messageDelayLevel: Nak(delay)
 	// uses the smallest level of at least delay (the largest caps it).
 	// Default DefaultDelayLevels.
@@ -200,6 +204,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	}
 	if c.PullBatchSize == 0 {
 		c.PullBatchSize = DefaultPullBatchSize
+	}
+	if c.MaxSpan == 0 {
+		c.MaxSpan = min(65535, max(2000, 2*c.MaxInFlight))
 	}
 	if len(c.DelayLevels) == 0 {
 		c.DelayLevels = DefaultDelayLevels
@@ -235,6 +242,9 @@ func (c SubscriberConfig) Validate() error {
 	if c.ConsumeTimeout < 0 || c.StartRetry < 0 {
 		errs = append(errs, errors.New("negative ConsumeTimeout or StartRetry"))
 	}
+	if c.MaxSpan < 0 || c.MaxSpan > 65535 {
+		errs = append(errs, fmt.Errorf("MaxSpan %d not in [1, 65535]", c.MaxSpan))
+	}
 	if c.PullBatchSize < 0 || c.PullBatchSize > 1024 {
 		errs = append(errs, fmt.Errorf("PullBatchSize %d not in [1, 1024]", c.PullBatchSize))
 	}
@@ -255,20 +265,13 @@ func (c SubscriberConfig) Validate() error {
 	return invalid(errs)
 }
 
-// checkName applies the broker's rules for topic and group names.
+// checkName applies the broker's rules for topic and group names; the
+// %RETRY% and %DLQ% names are the broker's own.
 func checkName(s string) error {
-	if len(s) > 127 {
-		return fmt.Errorf("%q is longer than 127 bytes", s)
-	}
-	if strings.HasPrefix(s, "%RETRY%") || strings.HasPrefix(s, "%DLQ%") {
+	if strings.HasPrefix(s, remoting.RetryTopicPrefix) || strings.HasPrefix(s, remoting.DLQTopicPrefix) {
 		return fmt.Errorf("%q: %%RETRY%% and %%DLQ%% names are the broker's", s)
 	}
-	for _, r := range s {
-		if !(r == '%' || r == '|' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return fmt.Errorf("%q: only [%%|a-zA-Z0-9_-] allowed", s)
-		}
-	}
-	return nil
+	return remoting.CheckName(s)
 }
 
 // reconsumeLimit is the client's effective maximum: -1 means 16

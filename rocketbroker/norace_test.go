@@ -66,3 +66,45 @@ func TestInProgressRestartsConsumeTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestOrderlyNakAndTerm: in orderly mode a nak suspends the queue and
+// delivers the same message again (Delivery 2) before the next one of its
+// queue; Term sends it to %DLQ%<group> (a suspension with its reconsume
+// times past the maximum makes the client send it back with level -1)
+// and the queue goes on.
+func TestOrderlyNakAndTerm(t *testing.T) {
+	x := quickTopic(t, 1)
+	cfg := x.subConfig(t, "g")
+	cfg.Orderly = true
+	s := subscriber(t, cfg)
+	if s.MaxDeliveries() != 5 {
+		t.Fatalf("orderly MaxDeliveries %d, want 5", s.MaxDeliveries())
+	}
+	publish(t, x.publisher(t), msg(x.Name, "o-1"), msg(x.Name, "o-2"))
+	a := next(t, s, 30*time.Second)
+	if a.ID != "o-1" {
+		t.Fatalf("first delivery %s", a.ID)
+	}
+	if err := a.Acker.Nak(ctxT(t, 10*time.Second), 0); err != nil {
+		t.Fatal(err)
+	}
+	again := next(t, s, 30*time.Second)
+	if again.ID != "o-1" || again.Delivery != 2 {
+		t.Fatalf("after the nak: %s delivery %d", again.ID, again.Delivery)
+	}
+	if err := again.Acker.Term(ctxT(t, 10*time.Second), "poison"); err != nil {
+		t.Fatal(err)
+	}
+	b := next(t, s, 30*time.Second)
+	if b.ID != "o-2" {
+		t.Fatalf("after the term: %s", b.ID)
+	}
+	if err := b.Acker.Ack(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if x.c.fake != nil {
+		if dlq := x.c.fake.Messages("%DLQ%" + cfg.Group); len(dlq) != 1 || dlq[0].Properties["idem-message-id"] != "o-1" {
+			t.Fatalf("%%DLQ%%: %+v", dlq)
+		}
+	}
+}

@@ -117,6 +117,7 @@ func (s *Subscriber) options() []consumer.Option {
 		consumer.WithConsumeGoroutineNums(cfg.MaxInFlight),
 		consumer.WithConsumeTimeout(cfg.ConsumeTimeout),
 		consumer.WithPullBatchSize(int32(cfg.PullBatchSize)),
+		consumer.WithConsumeConcurrentlyMaxSpan(cfg.MaxSpan),
 		consumer.WithAutoCommit(true),
 		consumer.WithStrategy(s.allocate),
 	}

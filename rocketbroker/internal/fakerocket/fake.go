@@ -58,14 +58,8 @@ import (
 	"github.com/idem-dev/idem/rocketbroker/internal/remoting"
 )
 
-// DefaultDelayLevels are the broker's default messageDelayLevel:
-// "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h".
-var DefaultDelayLevels = []time.Duration{
-	time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second,
-	time.Minute, 2 * time.Minute, 3 * time.Minute, 4 * time.Minute, 5 * time.Minute,
-	6 * time.Minute, 7 * time.Minute, 8 * time.Minute, 9 * time.Minute, 10 * time.Minute,
-	20 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour,
-}
+// DefaultDelayLevels are the broker's default messageDelayLevel.
+var DefaultDelayLevels = remoting.DefaultDelayLevels
 
 // Config configures a Server. Zero values take the Java broker's defaults.
 type Config struct {
@@ -583,20 +577,7 @@ func (s *Server) consumerList(req *remoting.Command) *remoting.Command {
 }
 
 // checkTopic applies the broker's topic name rules.
-func checkTopic(name string) error {
-	if name == "" {
-		return errors.New("the specified topic is blank")
-	}
-	if len(name) > 127 {
-		return fmt.Errorf("the specified topic is longer than topic max length 127")
-	}
-	for _, r := range name {
-		if !(r == '%' || r == '|' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return fmt.Errorf("the specified topic[%s] contains illegal characters, allowing only ^[%%|a-zA-Z0-9_-]+$", name)
-		}
-	}
-	return nil
-}
+func checkTopic(name string) error { return remoting.CheckName(name) }
 
 // sendHeader is a SEND_MESSAGE header, from its long (SEND_MESSAGE) or
 // one-letter (V2, batch) field names.

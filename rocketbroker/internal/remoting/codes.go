@@ -9,6 +9,12 @@
 // (fuzzed) and reject what does not add up.
 package remoting
 
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
 // Request codes (org.apache.rocketmq.common.protocol.RequestCode).
 const (
 	SendMessage              = 10
@@ -85,3 +91,30 @@ const (
 	PermWrite   = 2
 	PermRead    = 4
 )
+
+// DefaultDelayLevels are a broker's default messageDelayLevel ("1s 5s 10s
+// 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"): level i+1 waits
+// DefaultDelayLevels[i].
+var DefaultDelayLevels = []time.Duration{
+	time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second,
+	time.Minute, 2 * time.Minute, 3 * time.Minute, 4 * time.Minute, 5 * time.Minute,
+	6 * time.Minute, 7 * time.Minute, 8 * time.Minute, 9 * time.Minute, 10 * time.Minute,
+	20 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour,
+}
+
+// CheckName applies the broker's rules for topic (and group) names:
+// 1 to 127 bytes of [%|a-zA-Z0-9_-].
+func CheckName(name string) error {
+	if name == "" {
+		return errors.New("the name is blank")
+	}
+	if len(name) > 127 {
+		return fmt.Errorf("%q is longer than 127 bytes", name)
+	}
+	for _, r := range name {
+		if !(r == '%' || r == '|' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return fmt.Errorf("%q contains illegal characters, allowing only ^[%%|a-zA-Z0-9_-]+$", name)
+		}
+	}
+	return nil
+}
