@@ -4,9 +4,9 @@ go 1.26.0
 
 require (
 	github.com/apache/rocketmq-client-go/v2 v2.1.3-0.20251226070945-2173d070fd1b
-	github.com/idem-dev/idem v0.0.0
-	github.com/idem-dev/idem/brokertest v0.0.0-00010101000000-000000000000
-	github.com/idem-dev/idem/e2etest v0.0.0-00010101000000-000000000000
+	github.com/idem-dev/idem v0.1.0
+	github.com/idem-dev/idem/brokertest v0.1.0
+	github.com/idem-dev/idem/e2etest v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -14,7 +14,7 @@ require (
 	github.com/emirpasic/gods v1.12.0 // indirect
 	github.com/golang/mock v1.3.1 // indirect
 	github.com/google/uuid v1.3.0 // indirect
-	github.com/idem-dev/idem/pgstore v0.0.0 // indirect
+	github.com/idem-dev/idem/pgstore v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.13.0 // indirect
@@ -39,13 +39,3 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.0.0 // indirect
 	stathat.com/c/consistent v1.0.0 // indirect
 )
-
-replace github.com/idem-dev/idem => ../
-
-replace github.com/idem-dev/idem/brokertest => ../brokertest
-
-replace github.com/idem-dev/idem/e2etest => ../e2etest
-
-replace github.com/idem-dev/idem/pgstore => ../pgstore
-
-replace github.com/idem-dev/idem/storetest => ../storetest
