@@ -89,6 +89,10 @@ func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold 
 			c.ack(ctx, d, true)
 		default:
 			d.ownClaim = false
+			if dead, ok := c.crashLoop(ctx, d, a.Held, a.Result.Attempts); ok {
+				hs = append(hs, dead...)
+				continue
+			}
 			fresh = append(fresh, pending{d: d, held: a.Held, attempts: a.Result.Attempts})
 		}
 	}

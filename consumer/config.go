@@ -146,6 +146,11 @@ type Config struct {
 
 	// MaxAttempts is how many claims (deliveries that ran the handler) a
 	// key gets before it is marked failed and dead-lettered. Default 5.
+	// Claims that were never settled count too (the process died running
+	// the handler, or handed the message back at shutdown): a claim that
+	// finds more than MaxAttempts claims before it dead-letters the
+	// message without running the handler, so a message that crashes its
+	// process is not retried until the broker's delivery limit drops it.
 	MaxAttempts int
 	// InProcessRetries is how many times a failed handler is retried on
 	// the spot, while the claim is held, before the message goes back to

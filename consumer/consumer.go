@@ -320,7 +320,25 @@ func (c *Consumer) handleOne(ctx context.Context, d *delivery) []*hold {
 		c.ack(ctx, d, true)
 		return nil
 	}
+	if hs, ok := c.crashLoop(ctx, d, held, res.Attempts); ok {
+		return hs
+	}
 	return c.runClaimed(ctx, d, held, res.Attempts)
+}
+
+// crashLoop dead-letters d without running its handler when MaxAttempts
+// earlier claims of its key ended without being settled: each holder died
+// running it (a crash loop on a poison message: an OOM kill, a fatal
+// signal) or let go of it at shutdown. A handler that kills its process
+// never returns an error, so handlerFailed never counts it; without this
+// the loop goes on until the broker's delivery limit silently drops the
+// message (JetStream's MaxDeliver), or forever where there is none.
+func (c *Consumer) crashLoop(ctx context.Context, d *delivery, held *idem.Held, attempts int) ([]*hold, bool) {
+	if attempts <= c.cfg.MaxAttempts {
+		return nil, false
+	}
+	err := idem.Permanent(fmt.Errorf("consumer: attempts exhausted: %d earlier claims ended without settling (did the process die running the handler?)", attempts-1))
+	return c.handlerFailed(ctx, d, held, attempts, err), true
 }
 
 // runClaimed runs the handler under a claim and settles the outcome.
