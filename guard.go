@@ -199,14 +199,14 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 		err = fmt.Errorf("%w: store answered %d results for %d claims", ErrUnknownOutcome, len(res), len(reqs))
 	}
 	if err != nil {
+		for i := range items {
+			g.onClaim(ctx, reqs[i], Claim{}, err, start)
+		}
 		if g.cfg.failOpen && failOpenable(ctx, err) {
 			for i := range items {
 				out[i] = g.openPass(ctx, items[i].Key, err)
 			}
 			return out, nil
-		}
-		for i := range items {
-			g.onClaim(ctx, reqs[i], Claim{}, err, start)
 		}
 		return nil, fmt.Errorf("idem: batch claim of %d keys: %w", len(items), err)
 	}
