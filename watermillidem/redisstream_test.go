@@ -39,9 +39,14 @@ func TestRedisStreamPubSub(t *testing.T) {
 	}
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	topic, dlqTopic := "idemtest:watermill:in:"+suffix, "idemtest:watermill:dlq:"+suffix
-	t.Cleanup(func() { rdb.Del(context.Background(), topic, dlqTopic) })
+	t.Cleanup(func() {
+		if err := rdb.Del(context.Background(), topic, dlqTopic).Err(); err != nil {
+			t.Errorf("delete the test's streams: %v", err)
+		}
+	})
 	logger := watermill.NopLogger{}
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: rdb}, logger)
+	// Its own client: Publisher.Close closes it.
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
