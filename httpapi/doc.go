@@ -11,7 +11,9 @@
 //	POST /v1/fail         {"key","token","error"?}   200 | 409 fenced | 404
 //	POST /v1/extend       {"key","token","lease_ms"} 200 | 409 fenced | 404
 //	GET /v1/records?key=K  the record | 404;  DELETE /v1/records?key=K  204
+//	GET /v1/stats, /v1/recent  the dashboard's figures and keys, of the token's namespace
 //	GET /metrics, /healthz, /readyz
+//	anything else              Config.Dashboard (package dashboard), or 404
 //
 // Keys, fingerprints and results travel as JSON strings (any Unicode text,
 // NUL as \u0000) or, for bytes that are not UTF-8 text, base64 under

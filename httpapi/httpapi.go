@@ -131,6 +131,7 @@ type Handler struct {
 	tokens   []tokenEntry // empty: no auth
 	stores   []idem.Store // distinct handles, for readiness
 	metrics  metrics
+	live     lives // the dashboard's figures, per namespace
 	draining atomic.Bool
 }
 
@@ -197,6 +198,8 @@ const (
 	routeFail
 	routeExtend
 	routeRecords
+	routeStats
+	routeRecent
 	routeMetrics
 	routeHealthz
 	routeReadyz
@@ -204,7 +207,7 @@ const (
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"claim", "claim_batch", "complete", "release", "fail", "extend", "records", "metrics", "healthz", "readyz", "other"}
+var routeNames = [numRoutes]string{"claim", "claim_batch", "complete", "release", "fail", "extend", "records", "stats", "recent", "metrics", "healthz", "readyz", "other"}
 
 func routeOf(path string) int {
 	switch path {
@@ -222,6 +225,10 @@ func routeOf(path string) int {
 		return routeExtend
 	case "/v1/records":
 		return routeRecords
+	case "/v1/stats":
+		return routeStats
+	case "/v1/recent":
+		return routeRecent
 	case "/metrics":
 		return routeMetrics
 	case "/healthz":
@@ -246,6 +253,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.metrics.inFlight.Add(-1)
 	d := time.Since(start)
 	h.metrics.observe(rt, rw.code, d)
+	if rw.live != nil && rt <= routeRecords {
+		rw.live.request(rw.code, d)
+	}
 	if l := h.cfg.Logger; l != nil {
 		level := slog.LevelInfo
 		if rw.code >= 500 {
@@ -298,9 +308,12 @@ func (h *Handler) serve(w *recorder, r *http.Request, rt int) *string {
 		return nil
 	}
 	var ok bool
-	if rt == routeRecords {
+	switch rt {
+	case routeRecords:
 		ok = allow(w, r, "GET", "HEAD", "DELETE")
-	} else {
+	case routeStats, routeRecent:
+		ok = allow(w, r, "GET", "HEAD")
+	default:
 		ok = allow(w, r, "POST")
 	}
 	if !ok {
@@ -310,10 +323,22 @@ func (h *Handler) serve(w *recorder, r *http.Request, rt int) *string {
 	if !ok {
 		return nil
 	}
+	if ns != nil {
+		w.live = h.live.get(*ns)
+	} else {
+		w.live = h.live.get("")
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.StoreTimeout)
 	defer cancel()
-	if rt == routeRecords {
+	switch rt {
+	case routeRecords:
 		h.records(ctx, w, r, store)
+		return ns
+	case routeStats:
+		h.stats(ctx, w, store, w.live)
+		return ns
+	case routeRecent:
+		h.recent(ctx, w, store, w.live)
 		return ns
 	}
 	body, ok := h.readBody(w, r)
@@ -401,11 +426,11 @@ func (h *Handler) claim(ctx context.Context, w *recorder, store idem.Store, body
 	}
 	cl, err := store.Claim(ctx, idem.ClaimRequest{Key: c.key, Fingerprint: c.fp, Lease: c.lease, TTL: c.ttl})
 	if err != nil {
-		h.metrics.claim(outcomeOf(err, 0))
+		h.countClaim(w, outcomeOf(err, 0))
 		h.storeError(w, store, err)
 		return
 	}
-	h.metrics.claim(outcomeOf(nil, cl.Outcome))
+	h.countClaim(w, outcomeOf(nil, cl.Outcome))
 	out, code := claimAnswer(cl)
 	if cl.Outcome == idem.OutcomeInProgress {
 		w.Header().Set("Retry-After", retryAfter(cl.Record.LeaseUntil))
@@ -473,13 +498,13 @@ func (h *Handler) batch(ctx context.Context, w *recorder, store idem.Store, body
 		}
 	}
 	if err != nil {
-		h.metrics.claim(outcomeOf(err, 0))
+		h.countClaim(w, outcomeOf(err, 0))
 		h.storeError(w, store, err)
 		return
 	}
 	out := batchOut{Results: make([]claimOut, len(res))}
 	for i, r := range res {
-		h.metrics.claim(outcomeOf(r.Err, r.Claim.Outcome))
+		h.countClaim(w, outcomeOf(r.Err, r.Claim.Outcome))
 		if r.Err != nil {
 			_, code, detail := classify(store, r.Err)
 			out.Results[i] = claimOut{Error: &code, Detail: detail}
@@ -517,6 +542,7 @@ func (h *Handler) settle(ctx context.Context, w *recorder, store idem.Store, bod
 		h.storeError(w, store, err)
 		return
 	}
+	w.noteSettle(op, s)
 	writeJSON(w, http.StatusOK, statusOut{Status: status})
 }
 
@@ -709,11 +735,13 @@ func writeBad(w *recorder, err error) {
 	writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 }
 
-// recorder remembers the status and error code for metrics and logs.
+// recorder remembers the status and error code for metrics and logs, and
+// the namespace's live figures once the request is authorized.
 type recorder struct {
 	http.ResponseWriter
 	code            int
 	errCode, detail string
+	live            *nsLive
 }
 
 func (r *recorder) WriteHeader(code int) {

@@ -1,264 +1,169 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"errors"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/boltstore"
+	"golang.org/x/term"
 )
 
+// demoConfig is `idem demo`'s configuration (its own single-dash flags).
 type demoConfig struct {
-	db       string
-	messages int
-	dupRate  float64
-	crashes  int
-	workers  int
-	keep     bool
-	seed     uint64
+	dir         string
+	messages    int
+	dupRate     float64 // messages published a second time past the broker's dedup window
+	lostPubAcks float64 // messages whose first publish ack is lost (the relay publishes their batch again)
+	lostAcks    float64 // consumer acks lost on the way to the broker
+	crashes     int     // consumer processes that die holding work
+	consumers   int     // consumer processes running at once
+	workers     int     // workers per consumer process
+	keep        bool
+	seed        uint64
+	json        bool
+	timeout     time.Duration
+	removeDir   bool // dir is the run's temporary directory
 }
 
 func (c demoConfig) Validate() error {
 	switch {
 	case c.messages < 1 || c.messages > 10_000_000:
 		return fmt.Errorf("-messages %d outside [1, 10000000]", c.messages)
-	case c.dupRate < 0 || c.dupRate > 5:
-		return fmt.Errorf("-dup %.2f outside [0, 5]", c.dupRate)
+	case c.dupRate < 0 || c.dupRate > 1:
+		return fmt.Errorf("-dup %.2f outside [0, 1]", c.dupRate)
+	case c.lostPubAcks < 0 || c.lostPubAcks > 0.5:
+		return fmt.Errorf("-lost-publish-acks %.2f outside [0, 0.5]", c.lostPubAcks)
+	case c.lostAcks < 0 || c.lostAcks > 0.5:
+		return fmt.Errorf("-lost-acks %.2f outside [0, 0.5]", c.lostAcks)
+	case c.consumers < 1 || c.consumers > 64:
+		return fmt.Errorf("-consumers %d outside [1, 64]", c.consumers)
 	case c.workers < 1 || c.workers > 1024:
 		return fmt.Errorf("-workers %d outside [1, 1024]", c.workers)
-	case c.crashes < 0 || c.crashes > c.messages:
-		return fmt.Errorf("-crashes %d outside [0, messages]", c.crashes)
+	case c.crashes < 0 || c.crashes > 100:
+		return fmt.Errorf("-crashes %d outside [0, 100]", c.crashes)
+	case c.timeout < time.Second:
+		return fmt.Errorf("-timeout %s: at least 1s", c.timeout)
 	}
 	return nil
 }
 
-// delivery is one (re)delivery of a message by the simulated broker.
-type delivery struct {
-	id    string
-	crash bool // the worker dies after claiming, before the effect
+// demoReport is the demo's outcome; --json prints it.
+type demoReport struct {
+	Messages            int     `json:"messages"`
+	Deliveries          int64   `json:"deliveries"`
+	DuplicatesDelivered int64   `json:"duplicates_delivered"`
+	Effects             int64   `json:"effects"`
+	DuplicateEffects    int64   `json:"duplicate_effects"`
+	Lost                int64   `json:"lost"`
+	MsgsPerSec          float64 `json:"msgs_per_sec"`
+	P99Ms               float64 `json:"p99_ms"`
+	// Beyond the fields above: what the faults hit and how the chain
+	// absorbed them.
+	P50Ms                float64 `json:"p50_ms"`
+	EndToEndP99Ms        float64 `json:"end_to_end_p99_ms"`
+	Replays              int64   `json:"replays"`
+	DuplicatePublishes   int64   `json:"duplicate_publishes"`
+	LostPublishAcks      int64   `json:"lost_publish_acks"`
+	LostAcks             int64   `json:"lost_acks"`
+	Crashes              int     `json:"crashes"`
+	AbandonedDeliveries  int64   `json:"abandoned_deliveries"`
+	RerunsAfterCrash     int64   `json:"reruns_after_crash"`
+	ReplayPhaseEffects   int64   `json:"replay_phase_effects"`
+	ReplayPhaseDelivered int64   `json:"replay_phase_deliveries"`
+	ElapsedSeconds       float64 `json:"elapsed_s"`
+	ExactlyOnce          bool    `json:"exactly_once"`
+	Error                string  `json:"error,omitempty"`
 }
 
-type counters struct {
-	deliveries, effects, replays, inProgress, crashed, retried atomic.Int64
-}
+// demoTestFault, set by tests only, breaks the chain on purpose so that
+// the demo's own check is shown to catch it: "duplicate-effect" applies
+// one message's effect twice, "lost" drops one message's effect while
+// reporting success.
+var demoTestFault string
 
-func demo(args []string, stdout, stderr io.Writer) int {
+func demo(args []string, asJSON bool, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var c demoConfig
-	fs.StringVar(&c.db, "db", "", "store file (default: a new file in a temporary directory, removed at exit)")
-	fs.IntVar(&c.messages, "messages", 10000, "distinct messages to publish")
-	fs.Float64Var(&c.dupRate, "dup", 0.2, "extra deliveries per message (0.2 = 20% duplicates)")
-	fs.IntVar(&c.crashes, "crashes", 50, "deliveries whose worker dies after claiming (lease expiry, takeover)")
-	fs.IntVar(&c.workers, "workers", 64, "concurrent consumer workers")
-	fs.BoolVar(&c.keep, "keep", false, "keep the store and ledger files")
-	fs.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()), "random seed")
+	c := demoConfig{json: asJSON}
+	fs.StringVar(&c.dir, "dir", "", "directory of the run's files: broker store, app.db, idem.db (default: a new temporary directory, removed at exit)")
+	fs.IntVar(&c.messages, "messages", 10000, "distinct messages to produce")
+	fs.Float64Var(&c.dupRate, "dup", 0.2, "fraction of messages published a second time past the broker's dedup window")
+	fs.Float64Var(&c.lostPubAcks, "lost-publish-acks", 0.02, "fraction of messages whose first publish ack is lost (the relay publishes their batch again; the broker's dedup drops the copies)")
+	fs.Float64Var(&c.lostAcks, "lost-acks", 0.02, "fraction of consumer acks lost (the broker redelivers after its ack wait)")
+	fs.IntVar(&c.crashes, "crashes", 3, "consumer processes that die abruptly while holding deliveries (each replaced by a new one)")
+	fs.IntVar(&c.consumers, "consumers", 3, "consumer processes running at once (one durable consumer group)")
+	fs.IntVar(&c.workers, "workers", 16, "workers per consumer process")
+	fs.BoolVar(&c.keep, "keep", false, "keep the run's files (with -dir, they are kept anyway)")
+	fs.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()), "random seed of the faults")
+	fs.BoolVar(&c.json, "json", asJSON, "print one JSON object instead of the table")
+	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "give up (and report what is missing) after this long")
 	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "idem demo: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
 	if err := c.Validate(); err != nil {
 		fmt.Fprintln(stderr, "idem demo:", err)
 		return 2
 	}
-	dir := filepath.Dir(c.db)
-	if c.db == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "idem-demo-"); err != nil {
+	if c.dir == "" {
+		dir, err := os.MkdirTemp("", "idem-demo-")
+		if err != nil {
 			fmt.Fprintln(stderr, "idem demo:", err)
 			return 1
 		}
-		c.db = filepath.Join(dir, "idem.db")
+		c.dir = dir
+		c.removeDir = !c.keep
 		if !c.keep {
 			defer os.RemoveAll(dir)
 		}
-	}
-	if err := runDemo(c, filepath.Join(dir, "ledger.txt"), stdout); err != nil {
+	} else if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		fmt.Fprintln(stderr, "idem demo:", err)
+		return 1
+	}
+	var progress io.Writer
+	if f, ok := stdout.(*os.File); ok && !c.json && term.IsTerminal(int(f.Fd())) {
+		progress = stdout
+	}
+	text := stdout
+	if c.json {
+		text = io.Discard
+	}
+	rep, err := runDemo(c, text, progress)
+	if err != nil {
+		rep.Error = err.Error()
+		if !c.json {
+			fmt.Fprintln(stderr, "idem demo:", err)
+		}
+	}
+	if c.json {
+		b, _ := json.Marshal(rep)
+		fmt.Fprintf(stdout, "%s\n", b)
+	}
+	if err != nil || !rep.ExactlyOnce {
 		return 1
 	}
 	return 0
 }
 
-func runDemo(c demoConfig, ledgerPath string, out io.Writer) error {
-	rng := rand.New(rand.NewPCG(c.seed, 7))
-	// The broker: every message once, plus duplicates (producer retries,
-	// redeliveries after lost acks), shuffled, plus crashed deliveries whose
-	// redelivery comes later.
-	var ds []delivery
-	for i := 0; i < c.messages; i++ {
-		ds = append(ds, delivery{id: fmt.Sprintf("order-%07d:charge", i)})
+// printDemoHeader says what runs and which faults are injected.
+func printDemoHeader(out io.Writer, c demoConfig) {
+	fmt.Fprintf(out, "idem demo: %d messages: producer -> outbox (bbolt, in the order's transaction) -> relay -> NATS JetStream (embedded)\n", c.messages)
+	fmt.Fprintf(out, "           -> %d consumer processes x %d workers -> guard (boltstore) -> effect (a ledger row in app.db)\n", c.consumers, c.workers)
+	fmt.Fprintf(out, "faults: %.0f%% of messages published twice past the dedup window, publish acks lost for %.0f%% of messages, %.0f%% of consumer acks lost, %d consumer crashes\n",
+		c.dupRate*100, c.lostPubAcks*100, c.lostAcks*100, c.crashes)
+	where := filepath.Clean(c.dir)
+	if c.removeDir {
+		where += " (removed at exit; -keep keeps it)"
 	}
-	for n := int(float64(c.messages) * c.dupRate); n > 0; n-- {
-		ds = append(ds, delivery{id: ds[rng.IntN(c.messages)].id})
-	}
-	rng.Shuffle(len(ds), func(i, j int) { ds[i], ds[j] = ds[j], ds[i] })
-	for i := 0; i < c.crashes; i++ {
-		ds[rng.IntN(len(ds))].crash = true
-	}
-
-	ledger, err := os.OpenFile(ledgerPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	defer ledger.Close()
-	var ledgerMu sync.Mutex
-	// The effect: append a line to a ledger that has no uniqueness of its
-	// own. Only the guard keeps it exact.
-	effect := func(id string, token uint64) error {
-		ledgerMu.Lock()
-		defer ledgerMu.Unlock()
-		_, err := fmt.Fprintf(ledger, "%s token=%d\n", id, token)
-		return err
-	}
-
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fmt.Fprintf(out, "idem demo: %d messages, %d deliveries (%.0f%% duplicates, %d crashed workers), %d workers\nstore: %s (embedded, fsync on commit)\n\n",
-		c.messages, len(ds), c.dupRate*100, c.crashes, c.workers, c.db)
-
-	var total counters
-	for phase, name := range []string{"first run", "after restart: broker redelivers everything"} {
-		store, err := boltstore.Open(boltstore.Config{Path: c.db, Logger: quiet})
-		if err != nil {
-			return err
-		}
-		const lease = 200 * time.Millisecond
-		guard, err := idem.NewGuard(store, idem.WithLease(lease), idem.WithTTL(72*time.Hour), idem.WithLogger(quiet))
-		if err != nil {
-			store.Close()
-			return err
-		}
-		// Workers that crash are simulated with a guard without heartbeat:
-		// a dead process no longer extends its lease.
-		dead, err := idem.NewGuard(store, idem.WithLease(lease), idem.WithHeartbeat(-1), idem.WithLogger(quiet))
-		if err != nil {
-			store.Close()
-			return err
-		}
-		var pc counters
-		start := time.Now()
-		deliver(guard, dead, ds, phase == 0, c.workers, lease, effect, &pc)
-		elapsed := time.Since(start)
-		guard.Close()
-		if err := store.Close(); err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "%-45s %8d deliveries  %8d effects  %8d replays  %6d in-progress retries  %5d crashes  %6.0f deliveries/s\n",
-			name, pc.deliveries.Load(), pc.effects.Load(), pc.replays.Load(), pc.inProgress.Load(), pc.crashed.Load(),
-			float64(pc.deliveries.Load())/elapsed.Seconds())
-		total.effects.Add(pc.effects.Load())
-	}
-
-	if err := ledger.Sync(); err != nil {
-		return err
-	}
-	counts, lines, err := countLedger(ledgerPath)
-	if err != nil {
-		return err
-	}
-	missing, doubled := 0, 0
-	for i := 0; i < c.messages; i++ {
-		switch n := counts[fmt.Sprintf("order-%07d:charge", i)]; {
-		case n == 0:
-			missing++
-		case n > 1:
-			doubled++
-		}
-	}
-	fmt.Fprintf(out, "\nledger: %d lines for %d messages: %d missing, %d applied more than once\n", lines, c.messages, missing, doubled)
-	if missing > 0 || doubled > 0 || lines != c.messages {
-		return errors.New("exactly-once violated")
-	}
-	fmt.Fprintln(out, "every message's effect happened exactly once")
-	return nil
-}
-
-// deliver plays the broker's deliveries through the guard with n workers.
-// A delivery the guard answers "in progress" is redelivered later, as a
-// broker does after a nak with delay; a crashed delivery's redelivery waits
-// for the dead worker's lease to run out.
-func deliver(g, dead *idem.Guard, ds []delivery, crashes bool, workers int, lease time.Duration, effect func(string, uint64) error, pc *counters) {
-	queue := make(chan delivery, len(ds)+workers)
-	var pending sync.WaitGroup
-	pending.Add(len(ds))
-	for _, d := range ds {
-		if !crashes {
-			d.crash = false
-		}
-		queue <- d
-	}
-	go func() { pending.Wait(); close(queue) }()
-	var wg sync.WaitGroup
-	ctx := context.Background()
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for d := range queue {
-				pc.deliveries.Add(1)
-				if d.crash {
-					// Claim and die: no heartbeat, no settle, no ack.
-					if h, _, err := dead.Acquire(ctx, []byte(d.id)); err == nil && h != nil {
-						pc.crashed.Add(1)
-						d.crash = false
-						time.AfterFunc(lease, func() { queue <- d }) // the broker redelivers after its ack wait
-						continue
-					}
-				}
-				res, err := g.Do(ctx, []byte(d.id), func(ctx context.Context) ([]byte, error) {
-					tok, _ := idem.TokenFromContext(ctx)
-					return nil, effect(d.id, tok)
-				})
-				switch {
-				case errors.Is(err, idem.ErrInProgress):
-					pc.inProgress.Add(1)
-					var ip *idem.InProgressError
-					errors.As(err, &ip)
-					time.AfterFunc(min(ip.RetryAfter(time.Now()), lease), func() { queue <- d })
-					continue
-				case err != nil:
-					pc.retried.Add(1)
-					time.AfterFunc(10*time.Millisecond, func() { queue <- d })
-					continue
-				case res.Replayed:
-					pc.replays.Add(1)
-				default:
-					pc.effects.Add(1)
-				}
-				pending.Done() // acked
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-func countLedger(path string) (map[string]int, int, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer f.Close()
-	counts := map[string]int{}
-	lines := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var id string
-		var tok uint64
-		if _, err := fmt.Sscanf(sc.Text(), "%s token=%d", &id, &tok); err != nil {
-			return nil, 0, fmt.Errorf("ledger line %d: %w", lines+1, err)
-		}
-		counts[id]++
-		lines++
-	}
-	return counts, lines, sc.Err()
+	fmt.Fprintf(out, "files: %s\n\n", where)
 }

@@ -157,10 +157,10 @@ var subcommands []func(*globals) *cobra.Command
 func demoCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:                "demo [flags]",
-		Short:              "show the guard at work on the embedded file store: duplicates, crashes, a restart; every effect exactly once",
+		Short:              "run the whole chain in process (outbox, embedded NATS JetStream, consumers, guard on the embedded file store) with duplicate publishes, lost acks and consumer crashes; every effect exactly once",
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if code := demo(args, g.stdout, g.stderr); code != 0 {
+			if code := demo(args, g.json, g.stdout, g.stderr); code != 0 {
 				return &exitErr{code: code, err: errSilent}
 			}
 			return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/httpapi"
+	"github.com/idem-dev/idem/httpapi/dashboard"
 )
 
 func init() { subcommands = append(subcommands, serveCmd, proxyCmd) }
@@ -28,6 +29,7 @@ type serveConfig struct {
 	maxBatch     int
 	storeTimeout time.Duration
 	migrate      bool
+	dashboard    bool
 }
 
 func serveCmd(g *globals) *cobra.Command {
@@ -58,10 +60,11 @@ Every flag can be set from the environment variable named after it.`,
 	fs.IntVar(&c.maxBatch, "max-batch", httpapi.DefaultMaxBatch, "most claims in one /v1/claim/batch")
 	fs.DurationVar(&c.storeTimeout, "store-timeout", httpapi.DefaultStoreTimeout, "time a store call may take before the request gets 503 store_timeout")
 	fs.BoolVar(&c.migrate, "migrate", false, "create or upgrade the SQL schema before serving (as idem migrate)")
+	fs.BoolVar(&c.dashboard, "dashboard", true, "serve the web dashboard at / (live throughput, duplicate rate, latency, keys in progress, recent failures, key search)")
 	for name, env := range map[string]string{
 		"auth-token": "IDEM_SERVE_AUTH_TOKENS", "auth-token-file": "IDEM_SERVE_AUTH_TOKEN_FILE", "lease": "IDEM_SERVE_LEASE",
 		"ttl": "IDEM_SERVE_TTL", "max-body": "IDEM_SERVE_MAX_BODY", "max-batch": "IDEM_SERVE_MAX_BATCH",
-		"store-timeout": "IDEM_SERVE_STORE_TIMEOUT", "migrate": "IDEM_SERVE_MIGRATE",
+		"store-timeout": "IDEM_SERVE_STORE_TIMEOUT", "migrate": "IDEM_SERVE_MIGRATE", "dashboard": "IDEM_SERVE_DASHBOARD",
 	} {
 		bindEnv(fs, name, env)
 	}
@@ -166,6 +169,9 @@ func runServe(ctx context.Context, g *globals, c serveConfig) error {
 	cfg := httpapi.Config{
 		Lease: c.lease, TTL: c.ttl, MaxBodyBytes: c.maxBody, MaxBatch: c.maxBatch,
 		StoreTimeout: c.storeTimeout, Logger: log,
+	}
+	if c.dashboard {
+		cfg.Dashboard = dashboard.Handler()
 	}
 	var first idem.Store
 	if len(tokens) == 0 {
