@@ -17,7 +17,7 @@ type demoConfig struct {
 	dir         string
 	messages    int
 	dupRate     float64 // messages published a second time past the broker's dedup window
-	lostPubAcks float64 // messages whose first publish ack is lost (the relay publishes their batch again)
+	lostPubAcks float64 // relay batches whose publish ack is lost (the relay publishes them again)
 	lostAcks    float64 // consumer acks lost on the way to the broker
 	crashes     int     // consumer processes that die holding work
 	consumers   int     // consumer processes running at once
@@ -67,7 +67,7 @@ type demoReport struct {
 	EndToEndP99Ms        float64 `json:"end_to_end_p99_ms"`
 	Replays              int64   `json:"replays"`
 	DuplicatePublishes   int64   `json:"duplicate_publishes"`
-	LostPublishAcks      int64   `json:"lost_publish_acks"`
+	LostPublishAcks      int64   `json:"lost_publish_acks"` // relay batches
 	LostAcks             int64   `json:"lost_acks"`
 	Crashes              int     `json:"crashes"`
 	AbandonedDeliveries  int64   `json:"abandoned_deliveries"`
@@ -92,7 +92,7 @@ func demo(args []string, asJSON bool, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.dir, "dir", "", "directory of the run's files: broker store, app.db, idem.db (default: a new temporary directory, removed at exit)")
 	fs.IntVar(&c.messages, "messages", 10000, "distinct messages to produce")
 	fs.Float64Var(&c.dupRate, "dup", 0.2, "fraction of messages published a second time past the broker's dedup window")
-	fs.Float64Var(&c.lostPubAcks, "lost-publish-acks", 0.02, "fraction of messages whose first publish ack is lost (the relay publishes their batch again; the broker's dedup drops the copies)")
+	fs.Float64Var(&c.lostPubAcks, "lost-publish-acks", 0.02, "fraction of the relay's batches whose publish ack is lost (the relay publishes the batch again; the broker's dedup drops the copies)")
 	fs.Float64Var(&c.lostAcks, "lost-acks", 0.02, "fraction of consumer acks lost (the broker redelivers after its ack wait)")
 	fs.IntVar(&c.crashes, "crashes", 3, "consumer processes that die abruptly while holding deliveries (each replaced by a new one)")
 	fs.IntVar(&c.consumers, "consumers", 3, "consumer processes running at once (one durable consumer group)")
@@ -159,7 +159,7 @@ func demo(args []string, asJSON bool, stdout, stderr io.Writer) int {
 func printDemoHeader(out io.Writer, c demoConfig) {
 	fmt.Fprintf(out, "idem demo: %d messages: producer -> outbox (bbolt, in the order's transaction) -> relay -> NATS JetStream (embedded)\n", c.messages)
 	fmt.Fprintf(out, "           -> %d consumer processes x %d workers -> guard (boltstore) -> effect (a ledger row in app.db)\n", c.consumers, c.workers)
-	fmt.Fprintf(out, "faults: %.0f%% of messages published twice past the dedup window, publish acks lost for %.0f%% of messages, %.0f%% of consumer acks lost, %d consumer crashes\n",
+	fmt.Fprintf(out, "faults: %.0f%% of messages published twice past the dedup window, %.0f%% of publish acks and %.0f%% of consumer acks lost, %d consumer crashes\n",
 		c.dupRate*100, c.lostPubAcks*100, c.lostAcks*100, c.crashes)
 	where := filepath.Clean(c.dir)
 	if c.removeDir {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -65,15 +66,15 @@ type demoRun struct {
 	url   string
 
 	// counters
-	deliveries, lostAcks, lostPubAcks, dupPublishes atomic.Int64
-	fenced, reruns, unexplained, handled            atomic.Int64
-	pendingCopies                                   sync.WaitGroup
-	copies                                          atomic.Int64 // copies scheduled, not yet published
+	deliveries, lostAcks, dupPublishes   atomic.Int64
+	pubBatches, lostPubAcks, republished atomic.Int64 // relay batches; those whose ack was lost; their messages
+	fenced, reruns, unexplained, handled atomic.Int64
+	pendingCopies                        sync.WaitGroup
+	copies                               atomic.Int64 // copies scheduled, not yet published
 
 	mu        sync.Mutex
 	delivered map[string]int32  // deliveries per message id
 	copied    map[string]bool   // ids scheduled for a second publish
-	ackLost   map[string]bool   // ids whose publish ack was lost once
 	latency   []time.Duration   // fetch -> ack per acked delivery
 	e2e       []time.Duration   // outbox commit -> first effect
 	procs     []*demoProc       // running (or crashed and winding down) in this phase
@@ -105,7 +106,7 @@ func runDemo(c demoConfig, out, progress io.Writer) (demoReport, error) {
 	start := time.Now()
 	r := &demoRun{
 		c: c, quiet: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		delivered: map[string]int32{}, copied: map[string]bool{}, ackLost: map[string]bool{}, byID: map[int]*demoProc{},
+		delivered: map[string]int32{}, copied: map[string]bool{}, byID: map[int]*demoProc{},
 	}
 	printDemoHeader(out, c)
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
@@ -175,7 +176,7 @@ func runDemo(c demoConfig, out, progress io.Writer) (demoReport, error) {
 	}
 	relay, err := outbox.New(outbox.Config{
 		Backend: ob, Publisher: &demoPublisher{r: r, pub: pub, raw: raw},
-		Concurrency: 2, MaxAttempts: outbox.Unlimited, StatsInterval: -1, Logger: r.quiet,
+		BatchSize: 64, Concurrency: 2, MaxAttempts: outbox.Unlimited, StatsInterval: -1, Logger: r.quiet,
 		Backoff: outbox.Backoff{Initial: 100 * time.Millisecond, Max: time.Second},
 	})
 	if err != nil {
@@ -352,8 +353,8 @@ func runDemo(c demoConfig, out, progress io.Writer) (demoReport, error) {
 	if !timedOut {
 		fmt.Fprintf(out, row, "restart, new group replays all", p2Deliveries, p2.replays, p2Effects, p2.naks, p2.lostAcks, 0, int(float64(p2Deliveries)/elapsed2.Seconds()))
 	}
-	fmt.Fprintf(out, "\nproducer: %d publishes retried after a lost publish ack (dropped by the broker's dedup window), %d messages published twice past it\n",
-		rep.LostPublishAcks, rep.DuplicatePublishes)
+	fmt.Fprintf(out, "\nproducer: %d of %d relay batches (%d messages) published again after a lost publish ack (the stream's dedup window dropped the copies); %d messages published twice past it\n",
+		rep.LostPublishAcks, r.pubBatches.Load(), r.republished.Load(), rep.DuplicatePublishes)
 	fmt.Fprintf(out, "crashes: %d consumer processes died holding %d deliveries; %d effects they applied without completing the claim were found by the next holder (fence row) and not applied again\n",
 		crashed, abandoned, rep.RerunsAfterCrash)
 	fmt.Fprintf(out, "latency: delivery -> ack p50 %.1f ms, p99 %.1f ms; outbox commit -> effect p99 %.0f ms\n", rep.P50Ms, rep.P99Ms, rep.EndToEndP99Ms)
@@ -447,9 +448,9 @@ func (r *demoRun) countLedger() (effects, dup, lost int64, err error) {
 }
 
 // demoPublisher is the relay's publisher with the producer-side faults: a
-// lost publish ack, once for each message drawn for it (the broker has
-// the batch, the relay hears an error and publishes the batch again: the
-// stream's dedup window drops the copies), and a
+// lost publish ack for a fraction of the batches (the broker has the
+// batch, the relay hears an error and publishes it again: the stream's
+// dedup window drops the copies), and a
 // second publish of some messages past the dedup window (a producer retry
 // much later: the broker delivers both).
 type demoPublisher struct {
@@ -462,16 +463,7 @@ func (p *demoPublisher) Publish(ctx context.Context, msgs ...*broker.Message) er
 		return err
 	}
 	r := p.r
-	loseAck := false
 	for _, m := range msgs {
-		if r.chance("lost-publish-ack", m.ID, 0) < r.c.lostPubAcks {
-			r.mu.Lock()
-			if !r.ackLost[m.ID] {
-				r.ackLost[m.ID] = true
-				loseAck = true
-			}
-			r.mu.Unlock()
-		}
 		if r.chance("dup", m.ID, 0) >= r.c.dupRate {
 			continue
 		}
@@ -497,10 +489,14 @@ func (p *demoPublisher) Publish(ctx context.Context, msgs ...*broker.Message) er
 			}
 		})
 	}
-	if loseAck {
-		// The whole batch is published again; the copies carry the same
+	// Batch n loses its ack when n*rate crosses an integer: the first
+	// batch, then one in 1/rate, whatever the batches hold.
+	n := float64(r.pubBatches.Add(1))
+	if math.Ceil(n*r.c.lostPubAcks) > math.Ceil((n-1)*r.c.lostPubAcks) {
+		// The relay publishes the batch again; the copies carry the same
 		// Nats-Msg-Id and the stream's dedup window drops them.
-		r.lostPubAcks.Add(int64(len(msgs)))
+		r.lostPubAcks.Add(1)
+		r.republished.Add(int64(len(msgs)))
 		return errors.New("demo: publish ack lost")
 	}
 	return nil
