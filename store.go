@@ -224,8 +224,10 @@ type Purger interface {
 }
 
 // Lister is an optional Store capability: list records in StateInProgress
-// (live or expired leases), for operators looking for stuck work. cursor is
-// "" for the first page; the returned cursor is "" after the last page.
+// (live or expired leases), for operators looking for stuck work. A page
+// holds at most limit records (limit <= 0: the store's default page size);
+// cursor is "" for the first page; the returned cursor is "" after the last
+// page.
 type Lister interface {
 	ListInProgress(ctx context.Context, cursor string, limit int) ([]Record, string, error)
 }

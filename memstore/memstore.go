@@ -2,11 +2,13 @@ package memstore
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -517,33 +519,54 @@ func (s *Store) ListInProgress(ctx context.Context, cursor string, limit int) ([
 	if err != nil {
 		return nil, "", err
 	}
-	start := 0
-	if cursor != "" {
-		start, err = strconv.Atoi(cursor)
-		if err != nil || start < 0 || start > len(s.sp.shards) {
-			return nil, "", fmt.Errorf("%w: memstore: bad cursor %q", idem.ErrInvalidArgument, cursor)
-		}
+	// The cursor is "shard" or "shard:hex(last key listed)": a page stops at
+	// limit records, possibly inside a shard, and the next page resumes
+	// after that key.
+	start, after, err := parseListCursor(cursor, len(s.sp.shards))
+	if err != nil {
+		return nil, "", err
 	}
 	if limit <= 0 {
 		limit = 100
 	}
 	var out []idem.Record
-	i := start
-	for ; i < len(s.sp.shards) && len(out) < limit; i++ {
+	for i := start; i < len(s.sp.shards); i++ {
 		sh := &s.sp.shards[i]
+		var recs []idem.Record
 		sh.mu.Lock()
 		for k, e := range sh.m {
-			if e.state == idem.StateInProgress && e.expiresAt > now {
-				out = append(out, e.record([]byte(k)))
+			if e.state == idem.StateInProgress && e.expiresAt > now && (after == nil || k > string(after)) {
+				recs = append(recs, e.record([]byte(k)))
 			}
 		}
 		sh.mu.Unlock()
+		after = nil
+		sort.Slice(recs, func(a, b int) bool { return string(recs[a].Key) < string(recs[b].Key) })
+		if room := limit - len(out); len(recs) > room {
+			out = append(out, recs[:room]...)
+			return out, strconv.Itoa(i) + ":" + hex.EncodeToString(out[len(out)-1].Key), nil
+		}
+		out = append(out, recs...)
+		if len(out) == limit && i+1 < len(s.sp.shards) {
+			return out, strconv.Itoa(i + 1), nil
+		}
 	}
-	sort.Slice(out, func(a, b int) bool { return string(out[a].Key) < string(out[b].Key) })
-	if i >= len(s.sp.shards) {
-		return out, "", nil
+	return out, "", nil
+}
+
+func parseListCursor(cursor string, shards int) (start int, after []byte, err error) {
+	if cursor == "" {
+		return 0, nil, nil
 	}
-	return out, strconv.Itoa(i), nil
+	num, key, hasKey := strings.Cut(cursor, ":")
+	start, err = strconv.Atoi(num)
+	if err == nil && hasKey {
+		after, err = hex.DecodeString(key)
+	}
+	if err != nil || start < 0 || start > shards || (hasKey && len(after) == 0) {
+		return 0, nil, fmt.Errorf("%w: memstore: bad cursor %q", idem.ErrInvalidArgument, cursor)
+	}
+	return start, after, nil
 }
 
 // Stats implements idem.Stater.

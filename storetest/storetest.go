@@ -886,6 +886,9 @@ func listAll(t *testing.T, st idem.Store) ([]idem.Record, int) {
 	for {
 		recs, next, err := l.ListInProgress(ctxT(t), cursor, 2)
 		mustOK(t, "ListInProgress", err)
+		if len(recs) > 2 {
+			t.Fatalf("ListInProgress returned a page of %d records with limit 2", len(recs))
+		}
 		out = append(out, recs...)
 		pages++
 		if next == "" {
