@@ -306,7 +306,7 @@ type Held struct {
 	prev, next *Held
 	linked     bool
 	shard      *beatShard
-	lastBeat   time.Time
+	lastBeat   time.Time // guard clock: sent time of the claim or of the last successful extend
 	beating    bool
 
 	mu         sync.Mutex

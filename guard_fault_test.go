@@ -179,27 +179,39 @@ func TestResultTooLargeFailsKeyWithoutRerun(t *testing.T) {
 
 // 11.9: a per-call lease shorter than the guard's heartbeat interval is
 // still kept alive: the heartbeat follows each claim's own lease, so a
-// second caller never runs the handler while the first still does.
+// second caller never runs the handler while the first still does. Time is
+// a manual clock shared by the store and the guard: the lease lapses only
+// if the heartbeat does not come (with the guard's 10 s interval it never
+// would, and stepHeld fails), never because the machine is slow.
 func TestShortCallLeaseKeptByHeartbeat(t *testing.T) {
-	s := newMem(t)
-	g := newGuard(t, s) // default 30 s lease: heartbeat every 10 s
+	clk := newManualClock()
+	s := newMemClock(t, clk)
+	g := newGuard(t, s, idem.WithClock(clk)) // default 30 s lease: heartbeat every 10 s
 	const lease = 300 * time.Millisecond
 	var runs atomic.Int32
-	handler := func(ctx context.Context) ([]byte, error) {
-		runs.Add(1)
-		for i := 0; i < 12; i++ { // 4 leases
-			time.Sleep(lease / 3)
-			_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) {
-				runs.Add(1)
-				return nil, nil
-			}, idem.WithCallLease(lease))
-			if !errors.Is(err, idem.ErrInProgress) {
-				return nil, fmt.Errorf("second caller after %d checks: %v", i, err)
-			}
+	started, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			close(started)
+			<-finish
+			return []byte("once"), nil
+		}, idem.WithCallLease(lease))
+		done <- err
+	}()
+	<-started
+	stepHeld(t, clk, s, []string{"k"}, lease/4, 16, nil, func(i int) { // 4 leases
+		_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return nil, nil
+		}, idem.WithCallLease(lease))
+		if !errors.Is(err, idem.ErrInProgress) {
+			t.Fatalf("second caller after %d steps of %s: %v", i+1, lease/4, err)
 		}
-		return []byte("once"), nil
-	}
-	if _, err := g.Do(ctx, []byte("k"), handler, idem.WithCallLease(lease)); err != nil {
+	})
+	close(finish)
+	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if runs.Load() != 1 {
@@ -208,13 +220,17 @@ func TestShortCallLeaseKeptByHeartbeat(t *testing.T) {
 }
 
 // 11.6: CompleteBatch keeps every held key's lease alive while the batch
-// call fails, retries the batch as a batch, and settles each key once.
+// call fails, retries the batch as a batch, and settles each key once. On a
+// manual clock (see stepHeld): a key is taken over only if the heartbeat
+// stopped extending it, whatever the machine's speed.
 func TestCompleteBatchKeepsLeasesUntilSettled(t *testing.T) {
-	fs := faultstore.New(newMem(t))
+	clk := newManualClock()
+	mem := newMemClock(t, clk)
+	fs := faultstore.New(mem)
 	st := fs.WithBatch()
 	const lease = 300 * time.Millisecond
-	g := newGuard(t, st, idem.WithLease(lease))
-	rival := newGuard(t, st)
+	g := newGuard(t, st, idem.WithLease(lease), idem.WithClock(clk))
+	rival := newGuard(t, st, idem.WithClock(clk))
 	keys := []string{"a", "b", "c"}
 	var hs []*idem.Held
 	for _, k := range keys {
@@ -230,18 +246,19 @@ func TestCompleteBatchKeepsLeasesUntilSettled(t *testing.T) {
 	fs.Inject(faultstore.OpComplete, faultstore.Fault{Err: idem.ErrUnknownOutcome})
 	done := make(chan []error, 1)
 	go func() { done <- g.CompleteBatch(ctx, hs, [][]byte{[]byte("ra"), []byte("rb"), []byte("rc")}) }()
-	// For four leases another worker must find every key in progress.
-	for end := time.Now().Add(4 * lease); time.Now().Before(end); time.Sleep(lease / 4) {
+	// The clock stands still, so the settle window is open: the failed
+	// batch must be tried again, as a batch.
+	waitUntil(t, "the failed batch retried", func() bool { return fs.Calls(faultstore.OpCompleteBatch) >= 2 })
+	// For four leases (past the foreground window, into the background)
+	// another worker must find every key in progress.
+	stepHeld(t, clk, mem, keys, lease/4, 16, nil, func(int) {
 		for _, k := range keys {
 			h, _, err := rival.Acquire(ctx, []byte(k))
 			if h != nil || !errors.Is(err, idem.ErrInProgress) {
 				t.Fatalf("key %s taken over while its completion was pending: %v", k, err)
 			}
 		}
-	}
-	if fs.Calls(faultstore.OpCompleteBatch) < 2 {
-		t.Fatalf("%d batch calls: a failed batch was not retried as a batch", fs.Calls(faultstore.OpCompleteBatch))
-	}
+	})
 	fs.Clear()
 	errs := <-done
 	for i, err := range errs {
@@ -254,6 +271,9 @@ func TestCompleteBatchKeepsLeasesUntilSettled(t *testing.T) {
 			r, err := fs.Get(ctx, []byte(k))
 			return err == nil && r.State == idem.StateCompleted && string(r.Result) == "r"+k && r.Attempts == 1
 		})
+	}
+	if fs.Calls(faultstore.OpComplete) != 0 {
+		t.Fatalf("%d single completes: a failed batch was completed key by key", fs.Calls(faultstore.OpComplete))
 	}
 }
 
@@ -282,21 +302,27 @@ func TestCompleteBatchRetriedAsBatch(t *testing.T) {
 }
 
 // deadlines is a store whose Complete, Release, Fail and Extend are down;
-// it records the deadline of each settle call's context.
+// it records the deadline of each settle call's context on clk (the time
+// left on the wall clock, added to clk's now), then moves clk on by step: a
+// store that takes step to fail each call.
 type deadlines struct {
 	idem.Store
-	mu sync.Mutex
-	d  []time.Time
+	clk  *manualClock
+	step time.Duration
+	mu   sync.Mutex
+	d    []time.Time
 }
 
 func (s *deadlines) note(ctx context.Context) error {
-	d, ok := ctx.Deadline()
-	if !ok {
-		d = time.Now().Add(100 * 365 * 24 * time.Hour)
+	now := s.clk.Now()
+	d := now.Add(100 * 365 * 24 * time.Hour)
+	if wall, ok := ctx.Deadline(); ok {
+		d = now.Add(time.Until(wall))
 	}
 	s.mu.Lock()
 	s.d = append(s.d, d)
 	s.mu.Unlock()
+	s.clk.Advance(s.step)
 	return fmt.Errorf("settle: %w", idem.ErrUnavailable)
 }
 func (s *deadlines) Complete(ctx context.Context, _ []byte, _ uint64, _ []byte) error {
@@ -311,7 +337,9 @@ func (s *deadlines) Extend(context.Context, []byte, uint64, time.Duration) error
 }
 
 // 11.6: the settle budget comes from the claim's lease, not a fixed 10 s:
-// no settle call of Complete, Release or Fail may run past the lease.
+// no settle call of Complete, Release or Fail may run past the lease. Each
+// failed call takes a tenth of the lease on the guard's (manual) clock, so
+// the window holds several retries however slow the machine is.
 func TestSettleBudgetNeverOutlivesLease(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	for _, tc := range []struct {
@@ -325,13 +353,14 @@ func TestSettleBudgetNeverOutlivesLease(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &deadlines{Store: newMem(t)}
-			g := newGuard(t, s, idem.WithLease(lease), idem.WithBackgroundRetry(-1))
+			clk := newManualClock()
+			s := &deadlines{Store: newMemClock(t, clk), clk: clk, step: lease / 10}
+			g := newGuard(t, s, idem.WithLease(lease), idem.WithBackgroundRetry(-1), idem.WithClock(clk))
+			leaseEnd := clk.Now().Add(lease) // the claim was sent at this clock's now
 			h, _, err := g.Acquire(ctx, []byte("k"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			leaseEnd := time.Now().Add(lease) // the claim was sent before now
 			cctx, cancel := context.WithCancel(ctx)
 			cancel() // a shutdown: settling must still be tried, within the lease
 			if err := tc.settle(cctx, h); err == nil {
@@ -353,10 +382,14 @@ func TestSettleBudgetNeverOutlivesLease(t *testing.T) {
 
 // 11.8: completion outlasts a store outage of more than the old five
 // retries (~0.3 s) while the lease allows, and the key is completed, never
-// left for a takeover.
+// left for a takeover. Each failed call takes a twentieth of the lease on
+// the guard's (manual) clock: the nine failures last 0.9 s, well inside
+// the 2 s lease, however slow the machine is.
 func TestCompleteOutlastsShortOutage(t *testing.T) {
-	fs := faultstore.New(newMem(t))
-	g := newGuard(t, fs, idem.WithLease(2*time.Second))
+	clk := newManualClock()
+	fs := faultstore.New(newMemClock(t, clk))
+	const lease = 2 * time.Second
+	g := newGuard(t, slowComplete{Store: fs, clk: clk, step: lease / 20}, idem.WithLease(lease), idem.WithClock(clk))
 	fs.Inject(faultstore.OpComplete, faultstore.Fault{Times: 9})
 	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); err != nil {
 		t.Fatalf("completion gave up during a short outage: %v", err)
@@ -367,6 +400,19 @@ func TestCompleteOutlastsShortOutage(t *testing.T) {
 	if n := fs.Calls(faultstore.OpComplete); n != 10 {
 		t.Fatalf("%d complete calls, want 10", n)
 	}
+}
+
+// slowComplete moves clk on by step after each Complete: a store that takes
+// step to answer it.
+type slowComplete struct {
+	idem.Store
+	clk  *manualClock
+	step time.Duration
+}
+
+func (s slowComplete) Complete(ctx context.Context, k []byte, tok uint64, res []byte) error {
+	defer s.clk.Advance(s.step)
+	return s.Store.Complete(ctx, k, tok, res)
 }
 
 // 11.8: once the foreground gives up (ErrUnrecorded), the guard keeps
@@ -396,6 +442,13 @@ func TestUnrecordedCompletionRecoveredInBackground(t *testing.T) {
 	if r, err := g.Do(ctx, []byte("k"), effect); err != nil || !r.Replayed || runs != 1 {
 		t.Fatalf("redelivery: %+v, %v, runs %d; want a replay", r, err, runs)
 	}
+	// The hook reports the recovery after the store has recorded it: the
+	// record may be seen completed a moment before the event arrives.
+	waitUntil(t, "OnUnrecorded's second event", func() bool {
+		hooks.mu.Lock()
+		defer hooks.mu.Unlock()
+		return len(hooks.unrecorded) >= 2
+	})
 	hooks.mu.Lock()
 	defer hooks.mu.Unlock()
 	var phases []idem.UnrecordedPhase
@@ -453,33 +506,45 @@ func TestPermanentFailRetriedUntilRecorded(t *testing.T) {
 // 11.8: with Complete failing but Extend working (a partial outage), the
 // background keeps the key held until its budget runs out, then stops the
 // heartbeat and reports the completion abandoned: the key is not held for
-// ever.
+// ever. On a manual clock (see stepHeld), so the key is taken over only
+// once the heartbeat has stopped, however slow the machine is.
 func TestBackgroundRetryBudgetThenAbandoned(t *testing.T) {
-	fs := faultstore.New(newMem(t))
+	clk := newManualClock()
+	mem := newMemClock(t, clk)
+	fs := faultstore.New(mem)
 	var hooks countHook
 	const lease = 150 * time.Millisecond
-	g := newGuard(t, fs, idem.WithLease(lease), idem.WithBackgroundRetry(4*lease), idem.WithHooks(hooks.hooks()))
-	rival := newGuard(t, fs)
+	g := newGuard(t, fs, idem.WithLease(lease), idem.WithBackgroundRetry(4*lease), idem.WithHooks(hooks.hooks()), idem.WithClock(clk))
+	rival := newGuard(t, fs, idem.WithClock(clk))
 	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
-	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrUnrecorded) {
-		t.Fatalf("err = %v", err)
-	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil })
+		done <- err
+	}()
 	abandoned := func() bool {
 		hooks.mu.Lock()
 		defer hooks.mu.Unlock()
 		return len(hooks.unrecorded) == 2 && hooks.unrecorded[1].Phase == idem.UnrecordedAbandoned
 	}
-	// Held while the background tries: the heartbeat goes on.
-	for !abandoned() {
+	// Held while the foreground and then the background try: the
+	// heartbeat goes on. Each step leaves the lease live at the store, so
+	// the rival must find the key in progress until the budget runs out.
+	stepHeld(t, clk, mem, []string{"k"}, lease/4, 1000, abandoned, func(int) {
 		if h, _, err := rival.Acquire(ctx, []byte("k")); h != nil || !errors.Is(err, idem.ErrInProgress) {
-			if abandoned() {
-				break // the budget ran out between the two checks
-			}
-			t.Fatalf("taken over while the background still tried: %v", err)
+			t.Fatalf("taken over while the guard still tried: %v", err)
 		}
-		time.Sleep(lease / 5)
+	})
+	if !abandoned() {
+		t.Fatal("the background never gave up")
 	}
+	if err := <-done; !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v", err)
+	}
+	// The heartbeat has stopped: once the clock passes the lease, the key
+	// is free (a beat in flight at the abandonment may extend it once).
 	waitUntil(t, "the lease to lapse after the background gave up", func() bool {
+		clk.Advance(lease)
 		h, _, err := rival.Acquire(ctx, []byte("k"))
 		return err == nil && h != nil
 	})

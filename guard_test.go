@@ -226,29 +226,34 @@ func TestHooks(t *testing.T) {
 	}
 }
 
+// The heartbeat keeps a handler's lease alive past several leases. On a
+// manual clock (see stepHeld): the lease lapses only if no heartbeat comes,
+// however slow the machine is.
 func TestHeartbeatKeepsLease(t *testing.T) {
-	fs := faultstore.New(newMem(t))
-	// A lease several times the scheduling hiccups of a loaded CI machine.
-	g := newGuard(t, fs, idem.WithLease(time.Second))
-	started := make(chan struct{})
+	clk := newManualClock()
+	mem := newMemClock(t, clk)
+	fs := faultstore.New(mem)
+	const lease = time.Second
+	g := newGuard(t, fs, idem.WithLease(lease), idem.WithClock(clk))
+	started, finish := make(chan struct{}), make(chan struct{})
 	done := make(chan error)
 	go func() {
 		_, err := g.Do(ctx, []byte("slow"), func(context.Context) ([]byte, error) {
 			close(started)
-			time.Sleep(2500 * time.Millisecond)
+			<-finish
 			return []byte("ok"), nil
 		})
 		done <- err
 	}()
 	<-started
-	for i := 0; i < 5; i++ {
-		time.Sleep(400 * time.Millisecond)
+	stepHeld(t, clk, mem, []string{"slow"}, 400*time.Millisecond, 8, nil, func(int) {
 		if _, err := g.Do(ctx, []byte("slow"), func(context.Context) ([]byte, error) {
 			return nil, errors.New("a second worker ran while the first held the key")
 		}); !errors.Is(err, idem.ErrInProgress) {
 			t.Fatalf("while held: %v", err)
 		}
-	}
+	})
+	close(finish)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -397,10 +402,13 @@ func TestGuardOptions(t *testing.T) {
 }
 
 // Many claims held at once, some lost, some settled while their heartbeat
-// runs: exercises the shared heartbeat loop under the race detector.
+// runs: exercises the shared heartbeat loop under the race detector. The
+// heartbeat beats every 5 ms, but the lease is a minute: no stall of a
+// loaded machine lets a lease or a settle window run out, and a claim is
+// lost only because its record was deleted.
 func TestHeartbeatManyHeld(t *testing.T) {
 	s := newMem(t)
-	g := newGuard(t, s, idem.WithLease(20*time.Millisecond), idem.WithHeartbeat(5*time.Millisecond))
+	g := newGuard(t, s, idem.WithLease(time.Minute), idem.WithHeartbeat(5*time.Millisecond))
 	defer g.Close()
 	var wg sync.WaitGroup
 	for i := 0; i < 200; i++ {

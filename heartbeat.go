@@ -14,8 +14,13 @@ import (
 // or at Guard.Close.
 //
 // Each claim is extended every Held.interval (a third of its own lease by
-// default); the loop ticks at a quarter of the smallest interval held, so a
-// per-call lease shorter than the guard's is kept alive too.
+// default), counted on the guard's clock from the time the claim or its last
+// successful extend was sent: that is when its lease began, so a slow claim
+// or extend (a reply that took a while) does not push the next beat later.
+// The loop polls at a quarter of the smallest interval held, so a per-call
+// lease shorter than the guard's is kept alive too. A claim survives a delay
+// (scheduling, a stalled process, a slow store) of up to about 7/12 of its
+// lease: its lease must exceed the worst such delay (docs/guard.md).
 type beater struct {
 	g        *Guard
 	interval time.Duration // for the guard's own lease
@@ -54,7 +59,7 @@ func (g *Guard) beatInterval(lease time.Duration) time.Duration {
 }
 
 func (b *beater) add(h *Held) {
-	h.lastBeat = time.Now()
+	h.lastBeat = h.leaseUntil.Add(-h.lease) // when the claim was sent (not published yet: no lock)
 	i := b.rr.Add(1) % uint32(len(b.shards))
 	sh := &b.shards[i]
 	h.shard = sh // fixed from here on: beat reads it without a lock
@@ -117,7 +122,7 @@ func (b *beater) loop(stop, done chan struct{}) {
 		case <-b.kick:
 		case <-t.C:
 		}
-		now := time.Now()
+		now := b.g.cfg.clock.Now()
 		due = due[:0]
 		total := 0
 		smallest := b.interval
@@ -184,7 +189,7 @@ func (b *beater) beat(h *Held) {
 		sh.mu.Lock()
 		h.beating = false
 		if err == nil {
-			h.lastBeat = time.Now()
+			h.lastBeat = sent
 		}
 		sh.mu.Unlock()
 	}

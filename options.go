@@ -104,8 +104,14 @@ func WithRedeliveryWindow(d time.Duration) Option { return func(c *guardConfig) 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *guardConfig) { c.logger = l } }
 
-// WithClock sets the clock used for durations reported to hooks and for
-// retry hints (default the system clock). Leases are timed by the store.
+// WithClock sets the clock the guard keeps its own view of time with
+// (default the system clock): when a held claim's lease ends and its next
+// heartbeat is due, the settle window, the background retry budget, and
+// the durations reported to hooks. Leases themselves are timed by the
+// store. It must advance with real time (the heartbeat polls in real
+// time and beats when this clock says a claim is due); tests pass a manual
+// clock, shared with a memstore, to make lease timing independent of how
+// fast the machine runs.
 func WithClock(cl Clock) Option { return func(c *guardConfig) { c.clock = cl } }
 
 // WithHooks adds observers (see Hooks); nil fields are skipped. Several
