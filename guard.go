@@ -445,13 +445,26 @@ func (h *Held) cancelCtx(parent context.Context) context.Context {
 }
 
 // TokenFromContext returns the fencing token of the claim whose handler is
-// running with ctx (inside Do).
+// running with ctx: inside Do, or under a context from ContextWithHeld.
 func TokenFromContext(ctx context.Context) (uint64, bool) {
 	h, ok := ctx.Value(heldKey{}).(*Held)
 	if !ok || h.open {
 		return 0, false
 	}
 	return h.token, true
+}
+
+// ContextWithHeld returns parent carrying h, so that TokenFromContext
+// inside it reports h's token, as it does inside Do's handler. It is for
+// code that runs an effect under a claim taken with Acquire (consumer.Steps
+// runs each step with it) and wants the effect to read its fencing token.
+// It adds no cancellation: watch h.Done() for a lost claim. A nil h, or a
+// fail-open pass (no claim), gives no token.
+func ContextWithHeld(parent context.Context, h *Held) context.Context {
+	if h == nil {
+		return parent
+	}
+	return context.WithValue(parent, heldKey{}, h)
 }
 
 func (h *Held) run(ctx context.Context, fn Func) (val []byte, err error) {

@@ -595,3 +595,45 @@ func TestSettleContextUsedAfterTheRound(t *testing.T) {
 	}
 	s.wg.Wait()
 }
+
+// ContextWithHeld gives code that runs an effect under a claim from Acquire
+// the token TokenFromContext gives inside Do; no claim, no token.
+func TestContextWithHeld(t *testing.T) {
+	g := newGuard(t, newMem(t))
+	h, _, err := g.Acquire(ctx, []byte("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok, ok := idem.TokenFromContext(idem.ContextWithHeld(ctx, h)); !ok || tok != h.Token() {
+		t.Fatalf("TokenFromContext = %d, %v; want %d", tok, ok, h.Token())
+	}
+	if _, ok := idem.TokenFromContext(idem.ContextWithHeld(ctx, nil)); ok {
+		t.Fatal("a token without a claim")
+	}
+	// The innermost claim wins: Do's handler running under another claim's
+	// context reports its own (token 2: "other" was claimed and released
+	// once before; h's is 1).
+	prev, _, err := g.Acquire(ctx, []byte("other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev.Release(ctx, errors.New("again"))
+	if _, err := g.Do(idem.ContextWithHeld(ctx, h), []byte("other"), func(ctx context.Context) ([]byte, error) {
+		if tok, _ := idem.TokenFromContext(ctx); tok != 2 || tok == h.Token() {
+			t.Errorf("inside Do: token %d, want 2", tok)
+		}
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	open := newGuard(t, faultstore.New(newMem(t)), idem.WithFailOpen(true))
+	open.Store().(*faultstore.Store).Inject(faultstore.OpClaim, faultstore.Fault{Err: idem.ErrUnavailable})
+	oh, res, err := open.Acquire(ctx, []byte("k"))
+	if err != nil || !res.FailedOpen {
+		t.Fatalf("fail-open acquire: %+v, %v", res, err)
+	}
+	if _, ok := idem.TokenFromContext(idem.ContextWithHeld(ctx, oh)); ok {
+		t.Fatal("a token under fail-open (no claim)")
+	}
+	h.Complete(ctx, nil)
+}

@@ -29,8 +29,10 @@ type Step struct {
 // outcome is unknown) keeps its claim: the consumer holds the message and
 // runs the handler again later, which resumes that step under the same
 // claim, so no attempt of the step's key is spent. Other errors release
-// the step's key. Inside a step, TokenFromContext and MessageToken give
-// the message's claim; the step's own token is not exposed.
+// the step's key. Inside a step, idem.TokenFromContext gives the step's
+// own fencing token (the claim on the step's key: fence the step's effect
+// with it), while TokenFromContext and MessageToken of this package give
+// the message's.
 //
 // Step names must be unique and stable across deployments: renaming one
 // makes it run again. A step that failed for good (idem.ErrFailed) fails
@@ -93,7 +95,9 @@ func runStep(ctx context.Context, g *idem.Guard, d *delivery, key []byte, s Step
 			return res.Value, nil // done before: replay
 		}
 	}
-	val, err := runUnder(ctx, h, d, func(ctx context.Context) ([]byte, error) { return s.Run(ctx, m, results) })
+	// The step's context carries its claim: idem.TokenFromContext gives the
+	// step's own fencing token, the one its effect must be fenced with.
+	val, err := runUnder(idem.ContextWithHeld(ctx, h), h, d, func(ctx context.Context) ([]byte, error) { return s.Run(ctx, m, results) })
 	if err == nil {
 		if verr := idem.ValidateResult(val); verr != nil {
 			// The step ran; retrying cannot shrink its result: fail its

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/faultstore"
@@ -112,5 +113,86 @@ func TestStepUnrecordedNotRunAgain(t *testing.T) {
 	defer mu.Unlock()
 	if runs["one"] != 1 || runs["two"] != 1 {
 		t.Fatalf("step runs %v, want each once", runs)
+	}
+}
+
+// TestStepTokenInContext: inside a step, idem.TokenFromContext gives the
+// step's own fencing token (the token of the claim on the step's key, the
+// one a stalled step must be fenced with), also when a step is resumed
+// under a claim kept across a hold; consumer.TokenFromContext and
+// MessageToken still give the message's.
+func TestStepTokenInContext(t *testing.T) {
+	e := newEnv(t)
+	type seen struct {
+		step, msg, msgTok uint64
+		ok                bool
+	}
+	var mu sync.Mutex
+	got := map[string][]seen{}
+	step := func(name string, failFirst bool) consumer.Step {
+		return consumer.Step{Name: name, Run: func(ctx context.Context, m *broker.Message, _ map[string][]byte) ([]byte, error) {
+			var s seen
+			s.step, s.ok = idem.TokenFromContext(ctx)
+			s.msg, _ = consumer.TokenFromContext(ctx)
+			s.msgTok, _ = consumer.MessageToken(ctx, m)
+			mu.Lock()
+			defer mu.Unlock()
+			got[name] = append(got[name], s)
+			if failFirst && len(got[name]) == 1 {
+				return nil, fmt.Errorf("database down: %w", idem.ErrUnavailable) // kept claim, resumed later
+			}
+			return []byte(name), nil
+		}}
+	}
+	h, err := consumer.Steps(e.guard, step("reserve", false), step("charge", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An earlier, released claim of each step's key: the steps' tokens
+	// (2) differ from the message's (1).
+	for _, name := range []string{"reserve", "charge"} {
+		held, _, err := e.guard.Acquire(context.Background(), []byte("order-1/step:"+name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := held.Release(context.Background(), errBoom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := e.config(e.sub("g"))
+	cfg.Handler = h
+	c, _ := consumer.New(cfg)
+	stop := run(t, c)
+	e.publish(msg("order-1", "x"))
+	waitFor(t, "ack", func() bool { return e.log.Acks("order-1") == 1 })
+	stop()
+	msgRec, err := e.store.Get(context.Background(), []byte("order-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range []string{"reserve", "charge"} {
+		rec, err := e.store.Get(context.Background(), []byte("order-1/step:"+name))
+		if err != nil {
+			t.Fatalf("step %s record: %v", name, err)
+		}
+		if len(got[name]) == 0 {
+			t.Fatalf("step %s never ran", name)
+		}
+		for i, s := range got[name] {
+			if !s.ok || s.step != rec.Token {
+				t.Errorf("step %s, run %d: idem.TokenFromContext = %d, %v; want the step's token %d", name, i+1, s.step, s.ok, rec.Token)
+			}
+			if s.msg != msgRec.Token || s.msgTok != msgRec.Token {
+				t.Errorf("step %s, run %d: consumer.TokenFromContext %d, MessageToken %d; want the message's token %d", name, i+1, s.msg, s.msgTok, msgRec.Token)
+			}
+		}
+	}
+	if rec, _ := e.store.Get(context.Background(), []byte("order-1/step:reserve")); rec.Token == msgRec.Token {
+		t.Fatalf("step and message tokens are both %d: the test cannot tell them apart", rec.Token)
+	}
+	if len(got["charge"]) != 2 {
+		t.Fatalf("charge ran %d times, want 2 (resumed under its kept claim)", len(got["charge"]))
 	}
 }
