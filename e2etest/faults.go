@@ -44,6 +44,10 @@ var (
 	errPoison = errors.New("e2etest: poison message")
 	errFlaky  = errors.New("e2etest: flaky handler failure")
 	errGated  = errors.New("e2etest: handler failure during the outage")
+	// errGatedDown: the handler's own database is down with the store. The
+	// runtime classifies it as unavailability: it holds the delivery with
+	// its claim (no attempt spent) and its worker goes on with others.
+	errGatedDown = fmt.Errorf("e2etest: the handler's database is down during the outage: %w", idem.ErrUnavailable)
 )
 
 // Effects are the fault scenario's handlers. With Store set the effect and
@@ -168,8 +172,14 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 }
 
 // Gate holds handlers at their start while armed, so an outage can begin
-// with work in flight: claims made, effects not yet run. Every other call
-// it held fails once the gate opens, so the outage also meets releases.
+// with work in flight: claims made, effects not yet run. Once the gate
+// opens, the calls it held go on as follows: the 1st, 3rd, 5th... fail as
+// unavailable (errGatedDown), so the consumer must hold them and its
+// workers, free again, meet the outage with new claims (without this every
+// worker could sit in a completion the guard retries for the whole outage,
+// and the consumer would never see it); the 2nd, 6th, 10th... fail as plain
+// handler errors (released in batch mode, retried in process in single
+// mode); the others succeed, and their completions meet the outage.
 type Gate struct {
 	mu    sync.Mutex
 	armed bool
@@ -210,7 +220,7 @@ func (g *Gate) pass(ctx context.Context, n int) error {
 	}
 	g.held += n
 	g.calls++
-	fail := g.calls%2 == 0
+	call := g.calls
 	open := g.open
 	g.mu.Unlock()
 	select {
@@ -218,7 +228,10 @@ func (g *Gate) pass(ctx context.Context, n int) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if fail {
+	switch {
+	case call%2 == 1:
+		return errGatedDown
+	case call%4 == 2:
 		return errGated
 	}
 	return nil
@@ -231,6 +244,10 @@ type OutageReport struct {
 	Lasted      time.Duration
 }
 
+// Claims is how many claims (single or batch calls) the store refused
+// during the outage.
+func (r OutageReport) Claims() int { return r.Calls[faultstore.OpClaim] + r.Calls[faultstore.OpBatch] }
+
 func (r OutageReport) String() string {
 	return fmt.Sprintf("%d messages in flight at its start, lasted %s, refused claim %d, batch claim %d, complete %d, complete-batch %d, extend %d, release %d",
 		r.HeldAtStart, r.Lasted.Round(time.Millisecond), r.Calls[faultstore.OpClaim], r.Calls[faultstore.OpBatch], r.Calls[faultstore.OpComplete],
@@ -240,9 +257,14 @@ func (r OutageReport) String() string {
 // Outage arms the gate, waits until at least want messages are held there
 // (claimed, effects not run), takes the store down, opens the gate (the
 // effects run now; their completions, their heartbeats and the releases of
-// those that fail meet the outage) and brings the store back after d. It
-// fails the test unless messages were in flight when the store went down
-// and settles and lease extensions of them were refused.
+// those that fail meet the outage; those failing as unavailable are held,
+// and their workers go on to claim others where the broker's ordering lets
+// them) and brings the store back after d. It fails the test unless
+// messages were in flight when the store went down and settles and lease
+// extensions of them were refused. The caller checks that its consumer
+// held deliveries (Stats.Holds grew across the call) and, where order keys
+// are message keys, that claims were refused (on a broker ordered by
+// partition, every partition may be waiting behind a held delivery).
 func Outage(t testing.TB, fs *faultstore.Store, g *Gate, want int, d time.Duration) OutageReport {
 	t.Helper()
 	g.Arm()
@@ -268,8 +290,6 @@ func Outage(t testing.TB, fs *faultstore.Store, g *Gate, want int, d time.Durati
 	// Every call is refused while the store is down. What must have been
 	// tried: settling in-flight work (completions of the effects that ran,
 	// releases of those that failed) and keeping its leases (extends).
-	// Claims need not be: the runtime pauses fetching and probes the store
-	// with one held delivery at a time instead of claiming on.
 	if r.HeldAtStart == 0 || r.Calls[faultstore.OpComplete]+r.Calls[faultstore.OpCompleteBatch]+r.Calls[faultstore.OpRelease] == 0 ||
 		r.Calls[faultstore.OpExtend] == 0 {
 		t.Errorf("the outage did not hit in-flight work (no settle or no lease extension refused): %s", r)

@@ -101,8 +101,13 @@ func TestEndToEndFaults(t *testing.T) {
 		return len(sub.parts) > 0, "none assigned"
 	})
 	t.Logf("parent assigned partitions %s after the kill", time.Since(killedAt).Round(time.Millisecond))
+	holdsBefore := cons.Stats().Holds
 	outage := e2etest.Outage(t, fs, gate, 8, 25*time.Second)
-	t.Logf("store outage: %s", outage)
+	holds := cons.Stats().Holds - holdsBefore
+	t.Logf("store outage: %s; the consumer held %d deliveries meanwhile", outage, holds)
+	if holds == 0 {
+		t.Fatalf("the consumer held nothing during the outage (stats %+v): the outage never reached it", cons.Stats())
+	}
 
 	ledger.WaitDistinct(t, "every message but the poison", n-e2etest.Poisons(n))
 	e2etest.WaitFor(t, "the group to drain", 3*time.Minute, func() (bool, string) {

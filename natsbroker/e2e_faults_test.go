@@ -103,8 +103,15 @@ func TestEndToEndFaults(t *testing.T) {
 		stop()
 		<-done
 	}()
+	holdsBefore := c.Stats().Holds
 	outage := e2etest.Outage(t, fs, gate, 8, 25*time.Second)
-	t.Logf("store outage: %s", outage)
+	holds := c.Stats().Holds - holdsBefore
+	t.Logf("store outage: %s; the consumer held %d deliveries meanwhile", outage, holds)
+	if holds == 0 || outage.Claims() == 0 {
+		// Order keys are message keys here: the workers the held
+		// deliveries freed must have claimed others and been refused.
+		t.Fatalf("the outage never reached the consumer: %d deliveries held, %d claims refused (stats %+v)", holds, outage.Claims(), c.Stats())
+	}
 
 	ledger.WaitDistinct(t, "every message but the poison", n-e2etest.Poisons(n))
 	cons, err := js.Consumer(context.Background(), stream, "ledger")
