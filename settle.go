@@ -279,9 +279,12 @@ func (g *Guard) finish(ctx context.Context, op *settleOp, background bool) error
 			return fmt.Errorf("idem: release %q: %w", truncKey(h.key), op.err)
 		}
 		var err error
+		// Logged after the hand-over is known: the background may be off
+		// (WithBackgroundRetry < 0), full or closed. Fields are read before
+		// it, which owns op from then on.
+		tries, lastErr := op.tries, op.err
+		what := "effect done but its completion could not be recorded"
 		if op.effectDone() {
-			g.log.Error("idem: effect done but its completion could not be recorded; retrying in the background",
-				"key", string(truncKey(h.key)), "token", h.token, "action", op.action, "tries", op.tries, "err", op.err)
 			err = fmt.Errorf("%w: key %q: %w", ErrUnrecorded, truncKey(h.key), op.err)
 			if op.tooLarge > 0 {
 				err = fmt.Errorf("%w: %w", op.tooLargeErr(), err)
@@ -289,16 +292,20 @@ func (g *Guard) finish(ctx context.Context, op *settleOp, background bool) error
 		} else {
 			// A handler failed for good and the store did not record it:
 			// keep trying so that the lease lapsing does not run it again.
-			g.log.Warn("idem: could not mark a key failed; retrying in the background",
-				"key", string(truncKey(h.key)), "token", h.token, "tries", op.tries, "err", op.err)
+			what = "could not mark a key failed"
 			err = fmt.Errorf("idem: mark %q failed: %w", truncKey(h.key), op.err)
 		}
 		g.unrecorded(ctx, op, UnrecordedPending)
 		// From here on the background completer owns op.
-		if !background || !g.bg.add(ctx, op) {
-			h.stopHeartbeat()
-			g.unrecorded(ctx, op, UnrecordedAbandoned)
+		if background && g.bg.add(ctx, op) {
+			g.log.Error("idem: "+what+"; retrying in the background",
+				"key", string(truncKey(h.key)), "token", h.token, "action", op.action, "tries", tries, "err", lastErr)
+			return err
 		}
+		g.log.Error("idem: "+what+"; not retried (background retry is off, full or closed): the key may be claimed again once its lease lapses",
+			"key", string(truncKey(h.key)), "token", h.token, "action", op.action, "tries", tries, "err", lastErr)
+		h.stopHeartbeat()
+		g.unrecorded(ctx, op, UnrecordedAbandoned)
 		return err
 	}
 	g.settled(ctx, op)

@@ -1,0 +1,49 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/faultstore"
+)
+
+// syncBuf is a bytes.Buffer safe for a logger used from several goroutines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// With background retry off, an unrecorded completion is abandoned at
+// once: the log must not promise a background retry that never happens.
+func TestUnrecordedLogWithoutBackgroundRetry(t *testing.T) {
+	fs := faultstore.New(newMem(t))
+	var logs syncBuf
+	g := newGuard(t, fs, idem.WithLease(100*time.Millisecond), idem.WithBackgroundRetry(-1),
+		idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
+	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v, want ErrUnrecorded", err)
+	}
+	if out := logs.String(); strings.Contains(out, "background") && !strings.Contains(out, "background retry is off") {
+		t.Fatalf("log promises a background retry that is off:\n%s", out)
+	}
+}
