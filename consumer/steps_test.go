@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/broker/membroker"
 	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/faultstore"
+	"github.com/idem-dev/idem/memstore"
 )
 
 // TestStepsResume: step "charge" fails on the first delivery; the retry
@@ -122,7 +125,23 @@ func TestStepUnrecordedNotRunAgain(t *testing.T) {
 // under a claim kept across a hold; consumer.TokenFromContext and
 // MessageToken still give the message's.
 func TestStepTokenInContext(t *testing.T) {
-	e := newEnv(t)
+	// One memstore shard: one token counter for every key. memstore's
+	// tokens grow per shard, and keys map to shards by a hash seeded per
+	// process, so with the default 64 shards the message's key shared a
+	// counter with a step's key in about 1 run in 50 and the message's
+	// token came out equal to the other step's. With one counter every
+	// claim below gets a token of its own (a store whose counters are per
+	// key gives the message 1 and the steps 2).
+	st, err := memstore.New(memstore.Config{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	b, err := membroker.New(membroker.Config{AckWait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvWith(t, b, st)
 	type seen struct {
 		step, msg, msgTok uint64
 		ok                bool
@@ -149,7 +168,7 @@ func TestStepTokenInContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An earlier, released claim of each step's key: the steps' tokens
-	// (2) differ from the message's (1).
+	// differ from the message's.
 	for _, name := range []string{"reserve", "charge"} {
 		held, _, err := e.guard.Acquire(context.Background(), []byte("order-1/step:"+name))
 		if err != nil {
