@@ -15,9 +15,13 @@ import (
 //
 //   - nil stays nil; an error already matching ErrUnavailable or
 //     ErrUnknownOutcome is returned unchanged;
+//   - a name that does not exist (IsHostNotFound: "no such host") is
+//     returned unchanged: it is a configuration error, which no wait
+//     fixes, so it must spend attempts like any handler failure;
 //   - the connection could not be made, so no request was sent (a failed
-//     dial of any cause, a failed name lookup, ECONNREFUSED, EHOSTUNREACH,
-//     ENETUNREACH): wrapped with ErrUnavailable;
+//     dial of any other cause, a name lookup that timed out or whose
+//     server failed, ECONNREFUSED, EHOSTUNREACH, ENETUNREACH): wrapped
+//     with ErrUnavailable;
 //   - the connection broke or timed out after a request may have been sent
 //     (ECONNRESET, ECONNABORTED, EPIPE, ETIMEDOUT, an I/O timeout on an
 //     established connection, io.ErrUnexpectedEOF, net.ErrClosed): wrapped
@@ -33,7 +37,7 @@ import (
 // applies it to handler errors so that an unreachable database or broker
 // never counts as a failed attempt of the message.
 func ClassifyError(err error) error {
-	if err == nil || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrUnknownOutcome) {
+	if err == nil || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrUnknownOutcome) || IsHostNotFound(err) {
 		return err
 	}
 	if notSent(err) {
@@ -43,6 +47,17 @@ func ClassifyError(err error) error {
 		return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
 	}
 	return err
+}
+
+// IsHostNotFound reports a name lookup that found no such host
+// (net.DNSError with IsNotFound): the name is wrong or not registered, a
+// configuration error rather than an outage. ClassifyError leaves such an
+// error unchanged (a DNS timeout or a failing name server is
+// ErrUnavailable), and so do the stores' classifiers, which check it before
+// their driver's connect errors that wrap it.
+func IsHostNotFound(err error) bool {
+	var dns *net.DNSError
+	return errors.As(err, &dns) && dns.IsNotFound
 }
 
 // notSent reports an error that says no connection was made.

@@ -117,7 +117,13 @@ func TestClassifyError(t *testing.T) {
 	}{
 		{"dial to a closed port (ECONNREFUSED)", closedPortDialError(t), idem.ErrUnavailable},
 		{"dial timeout", &net.OpError{Op: "dial", Net: "tcp", Err: timeoutErr{}}, idem.ErrUnavailable},
-		{"name lookup", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "db.invalid", IsNotFound: true}}, idem.ErrUnavailable},
+		// A name that does not exist is a configuration error, not an
+		// outage: holding the message for it would hold it for ever.
+		{"no such host", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "db.invalid", IsNotFound: true}}, nil},
+		{"no such host, bare", &net.DNSError{Err: "no such host", Name: "db.invalid", IsNotFound: true}, nil},
+		{"name lookup timeout", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "i/o timeout", Name: "db", IsTimeout: true}}, idem.ErrUnavailable},
+		{"name server failure", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "server misbehaving", Name: "db", IsTemporary: true}}, idem.ErrUnavailable},
+		{"name lookup timeout, bare", &net.DNSError{Err: "i/o timeout", Name: "db", IsTimeout: true}, idem.ErrUnavailable},
 		{"host unreachable", fmt.Errorf("driver: %w", syscall.EHOSTUNREACH), idem.ErrUnavailable},
 		{"connection reset after the request", resetConnError(t), idem.ErrUnknownOutcome},
 		{"broken pipe", &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.EPIPE)}, idem.ErrUnknownOutcome},

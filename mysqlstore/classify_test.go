@@ -52,6 +52,8 @@ func TestClassifyError(t *testing.T) {
 		{"mysql.ErrPktSync", mysql.ErrPktSync, unknown},
 		{"mysql.ErrMalformPkt", mysql.ErrMalformPkt, unknown},
 		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, unavailable},
+		{"no such host: configuration", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "db.invalid", IsNotFound: true}}, same},
+		{"name lookup timeout", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "i/o timeout", Name: "db", IsTimeout: true}}, unavailable},
 		{"reset mid-read", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, unknown},
 		{"broken pipe mid-write", &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}, unknown},
 		{"unexpected EOF", io.ErrUnexpectedEOF, unknown},

@@ -55,8 +55,11 @@ var unknownCodes = map[string]string{
 //     ErrUnavailable; 08007 and 40003 (the server cannot tell), 57P01 and
 //     57P02 (the session was terminated, perhaps during a COMMIT that a
 //     synchronous standby held: committed locally): ErrUnknownOutcome;
+//   - a host name that does not exist (idem.IsHostNotFound, inside a
+//     ConnectError too) is returned unchanged: a configuration error, not
+//     an outage;
 //   - pgconn could not connect (ConnectError: refused, unreachable, TLS,
-//     authentication), the pool is closed, or pgconn says nothing was
+//     authentication, a name lookup that timed out), the pool is closed, or pgconn says nothing was
 //     written (pgconn.SafeToRetry): ErrUnavailable;
 //   - a deadline or cancellation that interrupted a statement in flight
 //     (pgconn.Timeout and not SafeToRetry), or a connection closed after
@@ -72,7 +75,7 @@ var unknownCodes = map[string]string{
 func (s *Store) ClassifyError(err error) error { return classifyError(err) }
 
 func classifyError(err error) error {
-	if err == nil || errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) {
+	if err == nil || errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) || idem.IsHostNotFound(err) {
 		return err
 	}
 	var pe *pgconn.PgError

@@ -34,6 +34,26 @@ func TestClassifyError(t *testing.T) {
 		_, err = p.Exec(ctx, "SELECT 1")
 		return err
 	}()
+	// pgx's own error for a host name that does not resolve (a
+	// ConnectError around the resolver's), and for a lookup that timed
+	// out; the resolver is replaced so that the answer does not depend on
+	// the machine's DNS.
+	lookup := func(dnsErr *net.DNSError) error {
+		cfg, err := pgxpool.ParseConfig("postgres://nobody@db.idem-test.invalid:5432/none?connect_timeout=2")
+		if err != nil {
+			return err
+		}
+		cfg.ConnConfig.LookupFunc = func(context.Context, string) ([]string, error) { return nil, dnsErr }
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		_, err = p.Exec(ctx, "SELECT 1")
+		return err
+	}
+	noSuchHost := lookup(&net.DNSError{Err: "no such host", Name: "db.idem-test.invalid", IsNotFound: true})
+	lookupTimeout := lookup(&net.DNSError{Err: "i/o timeout", Name: "db.idem-test.invalid", IsTimeout: true})
 	closedPool := func() error {
 		p, err := pgxpool.New(ctx, dsn())
 		if err != nil {
@@ -101,6 +121,8 @@ func TestClassifyError(t *testing.T) {
 		{"Nil", nil, nil},
 		{"ConnectRefused", refused, idem.ErrUnavailable},
 		{"PoolClosed", closedPool, idem.ErrUnavailable},
+		{"NoSuchHost", noSuchHost, nil}, // a configuration error (idem.IsHostNotFound), not an outage
+		{"LookupTimeout", lookupTimeout, idem.ErrUnavailable},
 		{"AdminShutdown57P01", terminated, idem.ErrUnknownOutcome},
 		{"DeadlineWhileStatementInFlight", deadlineInFlight, idem.ErrUnknownOutcome},
 		{"ContextDoneBeforeSending", deadlineBefore, nil},

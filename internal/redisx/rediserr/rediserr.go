@@ -111,9 +111,11 @@ func Map(ctx context.Context, err error, op string, write bool) error {
 // unavailable, a connection reset, broken pipe, i/o timeout or unexpected
 // EOF after the request was written is unknown, a context error or a bare
 // io.EOF is unchanged (go-redis reports a connection the server closed as
-// a bare io.EOF, but so does any reader at its end: not classified).
+// a bare io.EOF, but so does any reader at its end: not classified). A
+// host name that does not exist (idem.IsHostNotFound) is unchanged too: a
+// configuration error, not an outage.
 func Classify(err error) error {
-	if err == nil || errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) {
+	if err == nil || errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) || idem.IsHostNotFound(err) {
 		return err
 	}
 	switch classify(err) {

@@ -81,6 +81,7 @@ func TestMap(t *testing.T) {
 func TestClassify(t *testing.T) {
 	dial := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	dns := &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "redis.invalid", IsNotFound: true}}
+	dnsTimeout := &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "i/o timeout", Name: "redis", IsTimeout: true}}
 	reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 	pipe := &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}
 	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
@@ -95,7 +96,8 @@ func TestClassify(t *testing.T) {
 		want []error // nil: returned unchanged
 	}{
 		{"dial refused", dial, unavailable},
-		{"dial DNS", dns, unavailable},
+		{"dial DNS no such host", dns, nil}, // a configuration error (idem.IsHostNotFound)
+		{"dial DNS timeout", dnsTimeout, unavailable},
 		{"pool timeout", redis.ErrPoolTimeout, unavailable},
 		{"closed client", redis.ErrClosed, []error{idem.ErrUnavailable, idem.ErrClosed}},
 		{"bare EOF", io.EOF, nil}, // idem.ClassifyError's rule: any reader says it
