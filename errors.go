@@ -74,7 +74,10 @@ var (
 // key. It matches ErrInProgress.
 type InProgressError struct {
 	Key        []byte
-	LeaseUntil time.Time
+	LeaseUntil time.Time // on the store's clock
+	// Lease is the lease the refused claim asked for, which bounds
+	// RetryAfter (0: unknown, MaxLease bounds it).
+	Lease time.Duration
 }
 
 func (e *InProgressError) Error() string {
@@ -85,13 +88,22 @@ func (e *InProgressError) Error() string {
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
 // RetryAfter is how long until the holder's lease ends, measured from now
-// (at least one millisecond).
+// on the local clock, at least one millisecond and at most Lease (or
+// MaxLease when Lease is unknown). LeaseUntil is on the store's clock: a
+// store clock ahead of the local one would otherwise give a wait of the
+// skew (hours), one behind it a negative one; a lease is never longer
+// than the claim asked for, so after Lease at most the key is worth asking
+// for again.
 func (e *InProgressError) RetryAfter(now time.Time) time.Duration {
-	d := e.LeaseUntil.Sub(now)
-	if d < time.Millisecond {
-		d = time.Millisecond
+	return clampRetryAfter(e.LeaseUntil.Sub(now), e.Lease)
+}
+
+// clampRetryAfter bounds d to [1ms, lease] (lease <= 0: MaxLease).
+func clampRetryAfter(d, lease time.Duration) time.Duration {
+	if lease <= 0 || lease > MaxLease {
+		lease = MaxLease
 	}
-	return d
+	return max(time.Millisecond, min(d, lease))
 }
 
 // FailedError is returned when the key is in the terminal failed state. It

@@ -258,7 +258,7 @@ func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err erro
 	case OutcomeCompleted:
 		return Acquisition{Result: Result{Value: rec.Result, Replayed: true, Token: rec.Token, Attempts: rec.Attempts}}
 	case OutcomeInProgress:
-		return Acquisition{Err: &InProgressError{Key: req.Key, LeaseUntil: rec.LeaseUntil}}
+		return Acquisition{Err: &InProgressError{Key: req.Key, LeaseUntil: rec.LeaseUntil, Lease: req.Lease}}
 	case OutcomeFailed:
 		return Acquisition{Err: &FailedError{Key: req.Key, Cause: rec.LastError, Attempts: rec.Attempts}}
 	case OutcomeAcquired:

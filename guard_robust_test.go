@@ -47,3 +47,32 @@ func TestUnrecordedLogWithoutBackgroundRetry(t *testing.T) {
 		t.Fatalf("log promises a background retry that is off:\n%s", out)
 	}
 }
+
+// The holder's lease end comes from the store's clock and RetryAfter
+// measures it against the local one: a skew between them must give
+// neither a negative wait nor one longer than the lease (a consumer would
+// nak the message for ten hours).
+func TestRetryAfterRobustToClockSkew(t *testing.T) {
+	const lease = 2 * time.Second
+	for _, skew := range []time.Duration{10 * time.Hour, -10 * time.Hour, 0} {
+		t.Run(skew.String(), func(t *testing.T) {
+			clk := newManualClock()
+			clk.Advance(-time.Until(clk.Now()) + skew) // the store's clock: skew ahead of ours
+			s := newMemClock(t, clk)
+			g := newGuard(t, s, idem.WithLease(lease))
+			h, _, err := g.Acquire(ctx, []byte("k"))
+			if err != nil || h == nil {
+				t.Fatalf("acquire: %v", err)
+			}
+			defer h.Release(ctx, nil)
+			_, _, err = g.Acquire(ctx, []byte("k"))
+			var ip *idem.InProgressError
+			if !errors.As(err, &ip) {
+				t.Fatalf("err = %v, want *InProgressError", err)
+			}
+			if d := ip.RetryAfter(time.Now()); d <= 0 || d > lease {
+				t.Fatalf("RetryAfter = %s with the store's clock %s off ours, want within (0, %s]", d, skew, lease)
+			}
+		})
+	}
+}

@@ -198,6 +198,12 @@ func TestClaimOutcome(t *testing.T) {
 		{"in progress", idem.Claim{Outcome: idem.OutcomeInProgress, Record: idem.Record{LeaseUntil: lease}}, nil, consumer.TxInProgress, false, nil},
 		{"in progress error", idem.Claim{}, &idem.InProgressError{Key: []byte("k"), LeaseUntil: lease}, consumer.TxInProgress, false, nil},
 		{"lock wait", idem.Claim{}, idem.ErrInProgress, consumer.TxInProgress, false, nil},
+		// The store's clock 10 h ahead of ours: the wait is bounded by the
+		// holder's lease, not the skew.
+		{"in progress, store clock ahead", idem.Claim{Outcome: idem.OutcomeInProgress, Record: idem.Record{
+			LeaseUntil: time.Now().Add(10*time.Hour + time.Minute), UpdatedAt: time.Now().Add(10 * time.Hour)}}, nil, consumer.TxInProgress, false, nil},
+		{"in progress error, store clock ahead", idem.Claim{}, &idem.InProgressError{Key: []byte("k"), LeaseUntil: time.Now().Add(10 * time.Hour), Lease: time.Minute},
+			consumer.TxInProgress, false, nil},
 		{"failed", idem.Claim{Outcome: idem.OutcomeFailed, Record: idem.Record{LastError: "bad"}}, nil, consumer.TxRejected, false, idem.ErrFailed},
 		{"failed error", idem.Claim{}, &idem.FailedError{Key: []byte("k")}, consumer.TxRejected, false, idem.ErrFailed},
 		{"fingerprint", idem.Claim{}, mismatch, consumer.TxRejected, false, idem.ErrFingerprintMismatch},

@@ -29,7 +29,7 @@ func ClaimOutcome(c idem.Claim, err error) (o TxOutcome, acquired bool) {
 	var ip *idem.InProgressError
 	switch {
 	case errors.As(err, &ip):
-		return TxOutcome{Status: TxInProgress, RetryAfter: inProgressWait(ip.LeaseUntil)}, false
+		return TxOutcome{Status: TxInProgress, RetryAfter: ip.RetryAfter(time.Now())}, false
 	case errors.Is(err, idem.ErrInProgress):
 		return TxOutcome{Status: TxInProgress, RetryAfter: time.Second}, false
 	case errors.Is(err, idem.ErrFailed), errors.Is(err, idem.ErrFingerprintMismatch):
@@ -43,18 +43,27 @@ func ClaimOutcome(c idem.Claim, err error) (o TxOutcome, acquired bool) {
 	case idem.OutcomeCompleted:
 		return TxOutcome{Status: TxDuplicate}, false
 	case idem.OutcomeInProgress:
-		return TxOutcome{Status: TxInProgress, RetryAfter: inProgressWait(c.Record.LeaseUntil)}, false
+		return TxOutcome{Status: TxInProgress, RetryAfter: inProgressWait(c.Record)}, false
 	case idem.OutcomeFailed:
 		return TxOutcome{Status: TxRejected, Err: &idem.FailedError{Key: c.Record.Key, Cause: c.Record.LastError, Attempts: c.Record.Attempts}}, false
 	}
 	return TxOutcome{Status: TxRetry, Err: errors.New("consumer: claim with no outcome")}, false
 }
 
-// inProgressWait is how long to wait for a holder whose lease ends at
-// until: what is left of it, at least a millisecond; a second if unknown.
-func inProgressWait(until time.Time) time.Duration {
-	if until.IsZero() {
+// inProgressWait is how long to wait for the holder of rec: what is left
+// of its lease, at least a millisecond; a second if unknown. LeaseUntil is
+// on the store's clock, so the wait is bounded by the lease itself (from
+// the record's last update to LeaseUntil, both on that clock; MaxLease if
+// the record does not say): a store clock ahead of ours must not make it
+// hours.
+func inProgressWait(rec idem.Record) time.Duration {
+	if rec.LeaseUntil.IsZero() {
 		return time.Second
 	}
-	return max(time.Until(until), time.Millisecond)
+	lease := idem.MaxLease
+	if !rec.UpdatedAt.IsZero() && rec.LeaseUntil.After(rec.UpdatedAt) {
+		lease = rec.LeaseUntil.Sub(rec.UpdatedAt)
+	}
+	ip := idem.InProgressError{LeaseUntil: rec.LeaseUntil, Lease: lease}
+	return ip.RetryAfter(time.Now())
 }

@@ -208,7 +208,7 @@ func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn T
 		return c, nil // duplicate: commit nothing
 	case idem.OutcomeInProgress:
 		if t, ok := consumer.HeldToken(ctx, req.Key); !ok || t != c.Record.Token {
-			return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil}
+			return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil, Lease: req.Lease}
 		}
 		// The consumer runtime's claim under which the caller runs (the
 		// claim statement locked its row): fn runs under it and the

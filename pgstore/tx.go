@@ -219,7 +219,7 @@ func (s *Store) doTxOnce(ctx context.Context, opts pgx.TxOptions, r keyRef, req 
 		return c, nil // a duplicate commits nothing
 	case idem.OutcomeInProgress:
 		if !heldByCaller(ctx, req.Key, c.Record.Token) {
-			return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil}
+			return c, &idem.InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil, Lease: req.Lease}
 		}
 		// The consumer runtime's claim under which the caller runs: the
 		// effect runs under it and the completion below (checked by its
