@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,10 +78,33 @@ func TestClassifyError(t *testing.T) {
 		_, err = c.Exec(ctx, "SELECT pg_sleep(10)")
 		return err
 	}()
+	// The statement's deadline passes once the server is running it. A
+	// 100 ms deadline set before acquiring a connection passed, under load,
+	// before anything was sent: a bare context error, rightly unchanged. (A
+	// cancellation would not do: pgconn reports one in flight as the bare
+	// context.Canceled.)
 	deadlineInFlight := func() error {
-		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		defer cancel()
-		_, err := base.Exec(dctx, "SELECT pg_sleep(10)")
+		c, err := base.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Release()
+		pid := c.Conn().PgConn().PID()
+		dctx := newExpiring(ctx)
+		defer dctx.expire()
+		go func() {
+			defer dctx.expire()
+			for ctx.Err() == nil && dctx.Err() == nil {
+				var active bool
+				err := base.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active')", pid).Scan(&active)
+				if err != nil || active {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		// The simple protocol: one request, so active means the statement runs.
+		_, err = c.Exec(dctx, "SELECT pg_sleep(10)", pgx.QueryExecModeSimpleProtocol)
 		return err
 	}()
 	deadlineBefore := func() error {
@@ -167,3 +191,27 @@ func TestClassifyError(t *testing.T) {
 		})
 	}
 }
+
+// expiring is a context whose deadline passes when expire is called.
+type expiring struct {
+	context.Context
+	done chan struct{}
+	once sync.Once
+}
+
+func newExpiring(parent context.Context) *expiring {
+	return &expiring{Context: parent, done: make(chan struct{})}
+}
+
+func (e *expiring) Done() <-chan struct{} { return e.done }
+
+func (e *expiring) Err() error {
+	select {
+	case <-e.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+func (e *expiring) expire() { e.once.Do(func() { close(e.done) }) }
