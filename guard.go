@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,14 +29,18 @@ type Result struct {
 // Guard runs handlers so that each key's effect happens once. It is safe for
 // concurrent use.
 type Guard struct {
-	store Store
-	batch BatchClaimer
-	cfg   guardConfig
-	hooks hookSet
-	log   *slog.Logger
-	beats *beater // nil when the heartbeat is off
-	bg    *bgCompleter
+	store  Store
+	batch  BatchClaimer
+	cfg    guardConfig
+	hooks  hookSet
+	log    *slog.Logger
+	beats  *beater // nil when the heartbeat is off
+	bg     *bgCompleter
+	closed atomic.Bool
 }
+
+// errGuardClosed is what a claim gets after Close.
+var errGuardClosed = fmt.Errorf("%w: guard closed: no new claims", ErrClosed)
 
 // NewGuard returns a guard over store. It fails on an invalid option.
 func NewGuard(store Store, opts ...Option) (*Guard, error) {
@@ -74,11 +79,17 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 }
 
 // Close stops the guard's goroutines (they also stop by themselves when
-// idle). Completions still being retried in the background get one last
-// try and are then abandoned (reported to Hooks.OnUnrecorded); Close waits
-// for that a bounded time. Claims still held stop being extended. It does
-// not close the store.
+// idle). From then on Do, Acquire and AcquireBatch take no new claim: they
+// return an error matching ErrClosed. Claims taken before may still be
+// settled (Complete, Release: one foreground try and its retries), but
+// are no longer extended. Completions still being retried in the
+// background get one last try and are then abandoned (reported to
+// Hooks.OnUnrecorded); Close waits for that a bounded time. It does not
+// close the store. Calling it again does nothing.
 func (g *Guard) Close() error {
+	if g.closed.Swap(true) {
+		return nil
+	}
 	g.bg.close()
 	if g.beats != nil {
 		g.beats.close()
@@ -138,6 +149,9 @@ func (g *Guard) Do(ctx context.Context, key []byte, fn Func, opts ...CallOption)
 // whose lease is kept alive by a heartbeat until Complete or Release; on a
 // replay it returns a nil Held and the stored result. Errors are as for Do.
 func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*Held, Result, error) {
+	if g.closed.Load() {
+		return nil, Result{}, errGuardClosed
+	}
 	req := ClaimRequest{Key: key, Lease: g.cfg.lease, TTL: g.cfg.ttl}
 	if len(opts) > 0 { // cc escapes through the option funcs: pay only when used
 		cc := new(callConfig)
@@ -179,6 +193,9 @@ type Acquisition struct {
 // (ErrUnknownOutcome: keys it did claim are released by their leases
 // lapsing). Per-key outcomes are in each Acquisition.
 func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisition, error) {
+	if g.closed.Load() {
+		return nil, errGuardClosed
+	}
 	out := make([]Acquisition, len(items))
 	if g.batch == nil {
 		for i, it := range items {

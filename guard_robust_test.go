@@ -76,3 +76,38 @@ func TestRetryAfterRobustToClockSkew(t *testing.T) {
 		})
 	}
 }
+
+// After Close the guard takes no new claim (ErrClosed: its heartbeat and
+// background completer are stopped, so a claim would be held unextended),
+// while a claim taken before settles as usual.
+func TestClosedGuardRefusesNewClaims(t *testing.T) {
+	s := newMem(t)
+	g, err := idem.NewGuard(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := g.Acquire(ctx, []byte("before"))
+	if err != nil || h == nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	g.Close()
+	ran := false
+	if _, err := g.Do(ctx, []byte("after"), func(context.Context) ([]byte, error) { ran = true; return nil, nil }); !errors.Is(err, idem.ErrClosed) || ran {
+		t.Fatalf("Do after Close: err = %v, ran %v; want ErrClosed, not run", err, ran)
+	}
+	if h, _, err := g.Acquire(ctx, []byte("after")); !errors.Is(err, idem.ErrClosed) || h != nil {
+		t.Fatalf("Acquire after Close: err = %v", err)
+	}
+	if acqs, err := g.AcquireBatch(ctx, []idem.BatchItem{{Key: []byte("after")}}); !errors.Is(err, idem.ErrClosed) || acqs != nil {
+		t.Fatalf("AcquireBatch after Close: %+v, %v", acqs, err)
+	}
+	if _, err := s.Get(ctx, []byte("after")); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("a claim reached the store after Close: %v", err)
+	}
+	if err := h.Complete(ctx, []byte("v")); err != nil {
+		t.Fatalf("completing a claim taken before Close: %v", err)
+	}
+	if r, err := s.Get(ctx, []byte("before")); err != nil || r.State != idem.StateCompleted {
+		t.Fatalf("record %+v, %v", r, err)
+	}
+}
