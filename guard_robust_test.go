@@ -111,3 +111,50 @@ func TestClosedGuardRefusesNewClaims(t *testing.T) {
 		t.Fatalf("record %+v, %v", r, err)
 	}
 }
+
+// Renew extends a held claim now, with its token, and says whether it is
+// still ours: code that kept a claim across a wait (the consumer runtime
+// holding a message) must not run the effect again under a claim another
+// process took over while its heartbeats failed.
+func TestRenewVerifiesKeptClaim(t *testing.T) {
+	clk := newManualClock()
+	mem := newMemClock(t, clk)
+	fs := faultstore.New(mem)
+	const lease = time.Second
+	g := newGuard(t, fs, idem.WithLease(lease), idem.WithClock(clk))
+	rival := newGuard(t, mem, idem.WithLease(lease), idem.WithClock(clk))
+	h, _, err := g.Acquire(ctx, []byte("k"))
+	if err != nil || h == nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	before, _ := mem.Get(ctx, []byte("k"))
+	clk.Advance(lease / 2)
+	if err := h.Renew(ctx); err != nil {
+		t.Fatalf("renew of a live claim: %v", err)
+	}
+	if r, _ := mem.Get(ctx, []byte("k")); !r.LeaseUntil.After(before.LeaseUntil) {
+		t.Fatalf("renew did not extend the lease: %s, before %s", r.LeaseUntil, before.LeaseUntil)
+	}
+	// The claim's heartbeats fail (the store unreachable from here only)
+	// past its lease, and a rival takes the key over.
+	fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+	if err := h.Renew(ctx); !errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("renew with the store unreachable: %v, want ErrUnavailable, not lost", err)
+	}
+	clk.Advance(2 * lease)
+	if _, err := rival.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatalf("rival: %v", err)
+	}
+	fs.Clear()
+	if err := h.Renew(ctx); !errors.Is(err, idem.ErrLeaseLost) || !errors.Is(err, idem.ErrFenced) {
+		t.Fatalf("renew of a claim taken over: %v, want ErrLeaseLost and ErrFenced", err)
+	}
+	select {
+	case <-h.Done():
+	default:
+		t.Fatal("Done not closed after Renew found the claim lost")
+	}
+	if err := h.Release(ctx, nil); !errors.Is(err, idem.ErrFenced) {
+		t.Fatalf("release after loss: %v", err)
+	}
+}

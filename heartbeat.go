@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,4 +236,64 @@ func (b *beater) close() {
 		close(stop)
 		<-done
 	}
+}
+
+// Renew extends the claim's lease now, with its fencing token, and reports
+// whether the claim is still held. Call it before running an effect again
+// under a claim kept across a wait (the consumer runtime does, for a
+// message it held while its handler's system or the store was
+// unavailable): the heartbeat extends the claim meanwhile, but if its
+// extends failed for longer than the lease another process may have taken
+// the key over and run the effect, and the heartbeat may not have noticed
+// yet.
+//
+//   - nil: still held, the lease runs one lease from now;
+//   - an error matching ErrLeaseLost (and ErrFenced or ErrNotFound): the
+//     claim was taken over or removed. As when the heartbeat finds it:
+//     Done is closed, the handler's context cancelled, OnLeaseLost called,
+//     the heartbeat stopped. Do not run the effect; settling the claim
+//     gets ErrFenced;
+//   - any other error (the store's, e.g. ErrUnavailable): not known; the
+//     claim stays held and its heartbeat goes on. Do not run the effect
+//     yet; renew again later.
+//
+// A fail-open pass holds no claim: nil. A settled claim: ErrInvalidArgument.
+func (h *Held) Renew(ctx context.Context) error {
+	if h.open {
+		return nil
+	}
+	h.mu.Lock()
+	lost, lostErr, settled := h.lost, h.lostErr, h.settled || h.settling
+	h.mu.Unlock()
+	switch {
+	case lost:
+		return lostErr
+	case settled:
+		return fmt.Errorf("%w: renew %q: the claim is settled", ErrInvalidArgument, truncKey(h.key))
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(h.lease/2, time.Millisecond))
+	sent := h.g.cfg.clock.Now()
+	err := h.g.store.Extend(ctx, h.key, h.token, h.lease)
+	cancel()
+	if err == nil {
+		h.extended(sent)
+		if sh := h.shard; sh != nil {
+			sh.mu.Lock()
+			if sent.After(h.lastBeat) {
+				h.lastBeat = sent
+			}
+			sh.mu.Unlock()
+		}
+		return nil
+	}
+	if errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound) {
+		if h.g.beats != nil {
+			h.g.beats.remove(h)
+		}
+		h.markLost(context.WithoutCancel(ctx), err)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.lostErr
+	}
+	return fmt.Errorf("idem: renew %q: %w", truncKey(h.key), err)
 }

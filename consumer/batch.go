@@ -217,13 +217,24 @@ func (c *Consumer) holdGroup(ps []pending, err error) *hold {
 		ds: ds, reason: HoldHandlerUnavailable, err: err, wait: transientWait(err),
 		retry: func(ctx context.Context) []*hold {
 			var hs []*hold
-			live := ps[:0:0]
+			live, unknown := ps[:0:0], ps[:0:0]
+			var uerr error
 			for _, p := range ps {
-				if lost(p.held) {
+				// Verify each kept claim before the handler runs again
+				// under it (see Consumer.renew).
+				switch rerr := c.renew(ctx, p.held); {
+				case lost(p.held):
 					hs = append(hs, c.claimLost(ctx, p.d, "claim lost while held")...)
-				} else {
+				case rerr != nil:
+					unknown, uerr = append(unknown, p), rerr
+				default:
 					live = append(live, p)
 				}
+			}
+			if len(unknown) > 0 {
+				h := c.holdGroup(unknown, err)
+				h.reason, h.err, h.wait = HoldStoreUnavailable, uerr, 0
+				hs = append(hs, h)
 			}
 			if len(live) == 0 {
 				return hs

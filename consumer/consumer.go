@@ -369,9 +369,16 @@ func (c *Consumer) holdClaimed(d *delivery, held *idem.Held, attempts int, herr 
 		ds: []*delivery{d}, reason: HoldHandlerUnavailable, err: herr,
 		wait: transientWait(herr),
 		retry: func(ctx context.Context) []*hold {
-			if lost(held) {
+			switch rerr := c.renew(ctx, held); {
+			case lost(held):
 				d.steps.releaseAll(ctx, herr)
 				return c.claimLost(ctx, d, "claim lost while held")
+			case rerr != nil:
+				// Not known to be ours: the effect must not run again
+				// yet. Keep the claim and wait for the store.
+				h := c.holdClaimed(d, held, attempts, herr)
+				h.reason, h.err, h.wait = HoldStoreUnavailable, rerr, 0
+				return []*hold{h}
 			}
 			return c.runClaimed(ctx, d, held, attempts)
 		},
@@ -383,6 +390,22 @@ func (c *Consumer) holdClaimed(d *delivery, held *idem.Held, attempts int, herr 
 			c.handBack(ctx, d, "handler unavailable at shutdown")
 		},
 	}
+}
+
+// renew verifies a claim kept across a hold before the handler runs
+// again under it (idem.Held.Renew): its heartbeats may have failed for
+// longer than its lease while the message was held, and another process
+// may have taken the key over and run the effect. A claim found lost is
+// then lost(h); another error means the store did not answer.
+func (c *Consumer) renew(ctx context.Context, h *idem.Held) error {
+	if err := h.Renew(ctx); err != nil {
+		if !lost(h) {
+			c.storeDown()
+		}
+		return err
+	}
+	c.storeAnswered()
+	return nil
 }
 
 func lost(h *idem.Held) bool {

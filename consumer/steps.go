@@ -81,6 +81,18 @@ func runStep(ctx context.Context, g *idem.Guard, d *delivery, key []byte, s Step
 		return val, nil // ran in an earlier try of this delivery; its record is being written
 	}
 	h := d.steps.take(s.Name)
+	if h != nil {
+		// Kept across a hold: verify it before the step runs again under
+		// it (its heartbeats may have failed past its lease, and another
+		// process taken the step over).
+		if err := d.c.renew(ctx, h); err != nil {
+			if !lost(h) {
+				d.keepStep(s.Name, h)
+				return nil, err
+			}
+			h = nil // claim it again: replayed if the other process completed it
+		}
+	}
 	if h == nil {
 		var res idem.Result
 		var err error

@@ -1,0 +1,117 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/broker/membroker"
+	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/faultstore"
+	"github.com/idem-dev/idem/memstore"
+)
+
+// manualClock is an idem.Clock that moves only when the test advances it
+// (shared by a memstore and guards, a lease lapses only when the test
+// says so).
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *manualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestHeldClaimLostNotRunTwice: a message is held with its claim kept
+// (its handler's database unavailable); meanwhile the claim's heartbeats
+// fail (the store unreachable from this process only) for longer than the
+// lease, and another process takes the key over and runs the effect. When
+// the handler's database is back, the held message must not run the
+// effect again under the stale claim: it renews the claim first, finds it
+// lost, and settles as for a lost lease (the redelivery is a duplicate).
+func TestHeldClaimLostNotRunTwice(t *testing.T) {
+	for _, mode := range []string{"single", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			clk := &manualClock{t: time.Unix(1_800_000_000, 0)}
+			mem, err := memstore.New(memstore.Config{Clock: clk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mem.Close() })
+			fs := faultstore.New(mem)
+			b, err := membroker.New(membroker.Config{AckWait: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const lease = 2 * time.Second
+			e := newEnvWith(t, b, fs.WithBatch(), idem.WithLease(lease), idem.WithClock(clk))
+			rival, err := idem.NewGuard(mem, idem.WithLease(lease), idem.WithClock(clk))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { rival.Close() })
+
+			led := newLedger()
+			var healthy atomic.Bool
+			var held, heldStore atomic.Int64
+			cfg := e.config(e.sub("g"))
+			cfg.Workers = 1
+			cfg.Hooks.OnHold = func(_ context.Context, ev consumer.HoldEvent) {
+				switch ev.Reason {
+				case consumer.HoldHandlerUnavailable:
+					held.Add(1)
+				case consumer.HoldStoreUnavailable:
+					heldStore.Add(1)
+				}
+			}
+			setEffect(&cfg, mode, func(m *broker.Message) error {
+				if !healthy.Load() {
+					return fmt.Errorf("%w: the handler's database", idem.ErrUnavailable)
+				}
+				led.add(m.ID, "consumer")
+				return nil
+			})
+			c, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, c)
+			e.publish(msg("m1", "p"))
+			waitFor(t, "the message held with its claim", func() bool { return held.Load() > 0 })
+
+			fs.Inject(faultstore.OpExtend, faultstore.Fault{}) // heartbeats fail from here
+			clk.Advance(3 * lease)
+			if _, err := rival.Do(context.Background(), []byte("m1"), func(context.Context) ([]byte, error) {
+				led.add("m1", "rival")
+				return nil, nil
+			}); err != nil {
+				t.Fatalf("rival: %v", err)
+			}
+			healthy.Store(true)
+			// A held retry while the extends fail (held again, or, without
+			// the renewal, the effect run again); then the store answers
+			// this process again.
+			waitFor(t, "a retry of the held message", func() bool { return heldStore.Load() > 0 || led.count("m1") > 1 })
+			fs.Clear()
+			waitFor(t, "the message acked", func() bool { return e.log.Acks("m1") > 0 })
+			stop()
+			if n := led.count("m1"); n != 1 {
+				t.Fatalf("effect ran %d times (%v), want once", n, led.order["m1"])
+			}
+		})
+	}
+}
