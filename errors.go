@@ -68,6 +68,10 @@ var (
 	// ErrLeaseLost: the heartbeat found the claim taken over or gone; the
 	// handler's context is cancelled with this cause.
 	ErrLeaseLost = errors.New("idem: lease lost")
+	// ErrPanicked: the handler panicked. Do recovers the panic, logs its
+	// stack, releases the key (the panic counts as a failed attempt) and
+	// returns a *HandlerError matching this.
+	ErrPanicked = errors.New("idem: handler panicked")
 )
 
 // InProgressError is returned by the guard when another worker holds the

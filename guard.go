@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,7 +67,7 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	if cfg.clock == nil {
 		cfg.clock = SystemClock{}
 	}
-	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks), log: cfg.logger}
+	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks, cfg.logger), log: cfg.logger}
 	g.batch, _ = store.(BatchClaimer)
 	g.bg = &bgCompleter{g: g, budget: cfg.background}
 	if cfg.heartbeat > 0 {
@@ -124,6 +125,8 @@ func (g *Guard) CheckRedeliveryWindow(window time.Duration) error {
 //   - fn fails: the key is released (or marked failed once attempts are
 //     exhausted, or at once for a Permanent error) and the error is returned
 //     as a *HandlerError (joined with a *FailedError if it was marked failed);
+//     a panic in fn is recovered (its stack logged) and is such an error,
+//     matching ErrPanicked;
 //   - the store fails: its error (fail closed), unless WithFailOpen.
 func (g *Guard) Do(ctx context.Context, key []byte, fn Func, opts ...CallOption) (Result, error) {
 	h, res, err := g.Acquire(ctx, key, opts...)
@@ -493,8 +496,11 @@ func (h *Held) run(ctx context.Context, fn Func) (val []byte, err error) {
 			cancel(nil)
 		}
 		if r := recover(); r != nil {
-			_ = h.Release(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", r))
-			panic(r)
+			// An error of this call, not a crash of the process: Do
+			// releases the key as for any handler error.
+			h.g.log.Error("idem: handler panicked", "key", string(truncKey(h.key)), "token", h.token,
+				"panic", r, "stack", string(debug.Stack()))
+			val, err = nil, fmt.Errorf("%w: %v", ErrPanicked, r)
 		}
 	}()
 	h.hctx = heldCtx{parent: ctx, h: h}

@@ -158,3 +158,62 @@ func TestRenewVerifiesKeptClaim(t *testing.T) {
 		t.Fatalf("release after loss: %v", err)
 	}
 }
+
+// Hooks run inline on the caller's goroutine, the heartbeat's or the
+// background completer's: a panicking hook is logged and ignored, never a
+// crash of the process nor a claim left held.
+func TestPanickingHooksIgnored(t *testing.T) {
+	clk := newManualClock()
+	mem := newMemClock(t, clk)
+	fs := faultstore.New(mem)
+	boom := func() { panic("hook bug") }
+	var lost sync.WaitGroup
+	lost.Add(1)
+	hooks := idem.Hooks{
+		OnClaim:      func(context.Context, idem.ClaimEvent) { boom() },
+		OnSettle:     func(context.Context, idem.SettleEvent) { boom() },
+		OnFailOpen:   func(context.Context, []byte, error) { boom() },
+		OnLeaseLost:  func(context.Context, []byte, uint64, error) { defer lost.Done(); boom() },
+		OnUnrecorded: func(context.Context, idem.UnrecordedEvent) { boom() },
+	}
+	var logs syncBuf
+	const lease = time.Second
+	g := newGuard(t, fs, idem.WithLease(lease), idem.WithClock(clk), idem.WithHooks(hooks),
+		idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("a hook's panic reached the caller: %v", r)
+			}
+		}()
+		if _, err := g.Do(ctx, []byte("a"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); err != nil {
+			t.Fatalf("Do: %v", err)
+		}
+		// Unrecorded: OnUnrecorded from the caller, then the background.
+		fs.Inject(faultstore.OpComplete, faultstore.Fault{Times: 8})
+		if _, err := g.Do(ctx, []byte("u"), func(context.Context) ([]byte, error) { return nil, nil }, idem.WithCallLease(50*time.Millisecond)); err != nil && !errors.Is(err, idem.ErrUnrecorded) {
+			t.Fatalf("Do: %v", err)
+		}
+	}()
+	if r, err := mem.Get(ctx, []byte("a")); err != nil || r.State != idem.StateCompleted {
+		t.Fatalf("record %+v, %v", r, err)
+	}
+	// A claim lost while held: OnLeaseLost from the heartbeat goroutine.
+	h, _, err := g.Acquire(ctx, []byte("l"))
+	if err != nil || h == nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	if err := mem.Delete(ctx, []byte("l")); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(lease / 2)
+	lost.Wait() // the process is still alive after the hook panicked
+	<-h.Done()
+	waitUntil(t, "the background to record u", func() bool {
+		r, err := mem.Get(ctx, []byte("u"))
+		return err == nil && r.State == idem.StateCompleted
+	})
+	if out := logs.String(); !strings.Contains(out, "hook bug") {
+		t.Fatalf("the hooks' panics were not logged:\n%s", out)
+	}
+}

@@ -3,6 +3,8 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -303,19 +305,31 @@ func TestCompleteUnknownOutcome(t *testing.T) {
 	}
 }
 
-func TestPanicReleasesAndRepanics(t *testing.T) {
+// A panicking handler is an error of that call (the stack logged), never
+// a crash of the process: Do releases the key and returns a *HandlerError
+// matching ErrPanicked.
+func TestPanicReleasesAndReturnsError(t *testing.T) {
 	s := newMem(t)
-	g := newGuard(t, s)
+	var logs syncBuf
+	g := newGuard(t, s, idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	var err error
 	func() {
 		defer func() {
-			if recover() == nil {
-				t.Fatal("panic swallowed")
+			if r := recover(); r != nil {
+				t.Fatalf("Do let the handler's panic through: %v", r)
 			}
 		}()
-		g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { panic("bug") })
+		_, err = g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { panic("bug") })
 	}()
-	if rec, _ := s.Get(ctx, []byte("k")); rec.State != idem.StateReleased || rec.LastError != "panic: bug" {
+	var he *idem.HandlerError
+	if !errors.As(err, &he) || !errors.Is(err, idem.ErrPanicked) || !strings.Contains(err.Error(), "bug") {
+		t.Fatalf("err = %v, want a *HandlerError matching ErrPanicked", err)
+	}
+	if rec, _ := s.Get(ctx, []byte("k")); rec.State != idem.StateReleased || !strings.Contains(rec.LastError, "panic") {
 		t.Fatalf("record after panic %+v", rec)
+	}
+	if out := logs.String(); !strings.Contains(out, "guard_test.go") {
+		t.Fatalf("the panic's stack was not logged:\n%s", out)
 	}
 }
 

@@ -2,13 +2,16 @@ package idem
 
 import (
 	"context"
+	"log/slog"
+	"runtime/debug"
 	"time"
 )
 
 // Hooks observe a Guard. Each field is optional (nil fields are skipped);
 // the guard keeps the non-nil ones at NewGuard. Hooks run inline on the
 // goroutine that caused the event (a caller, the heartbeat or the
-// background completer) and must be fast and must not block.
+// background completer) and must be fast and must not block. A hook that
+// panics is logged with its stack and otherwise ignored.
 //
 // A struct of funcs rather than interfaces found by type assertion: a
 // misspelled field does not compile, where a misspelled method compiled
@@ -126,26 +129,52 @@ type hookSet struct {
 	unrecorded []func(context.Context, UnrecordedEvent)
 }
 
-func newHookSet(hs []Hooks) hookSet {
+// newHookSet keeps the non-nil hooks, each wrapped so that a panic in it
+// is logged (with its stack) and ignored: a hook runs on a caller's
+// goroutine, the heartbeat's or the background completer's, where a panic
+// would crash the process or leave a claim held until its lease lapses.
+func newHookSet(hs []Hooks, log *slog.Logger) hookSet {
 	var s hookSet
 	for _, h := range hs {
-		if h.OnClaim != nil {
-			s.claim = append(s.claim, h.OnClaim)
+		if f := h.OnClaim; f != nil {
+			s.claim = append(s.claim, func(ctx context.Context, e ClaimEvent) {
+				defer recoverHook(log, "OnClaim")
+				f(ctx, e)
+			})
 		}
-		if h.OnSettle != nil {
-			s.settle = append(s.settle, h.OnSettle)
+		if f := h.OnSettle; f != nil {
+			s.settle = append(s.settle, func(ctx context.Context, e SettleEvent) {
+				defer recoverHook(log, "OnSettle")
+				f(ctx, e)
+			})
 		}
-		if h.OnFailOpen != nil {
-			s.failOpen = append(s.failOpen, h.OnFailOpen)
+		if f := h.OnFailOpen; f != nil {
+			s.failOpen = append(s.failOpen, func(ctx context.Context, key []byte, err error) {
+				defer recoverHook(log, "OnFailOpen")
+				f(ctx, key, err)
+			})
 		}
-		if h.OnLeaseLost != nil {
-			s.lost = append(s.lost, h.OnLeaseLost)
+		if f := h.OnLeaseLost; f != nil {
+			s.lost = append(s.lost, func(ctx context.Context, key []byte, token uint64, err error) {
+				defer recoverHook(log, "OnLeaseLost")
+				f(ctx, key, token, err)
+			})
 		}
-		if h.OnUnrecorded != nil {
-			s.unrecorded = append(s.unrecorded, h.OnUnrecorded)
+		if f := h.OnUnrecorded; f != nil {
+			s.unrecorded = append(s.unrecorded, func(ctx context.Context, e UnrecordedEvent) {
+				defer recoverHook(log, "OnUnrecorded")
+				f(ctx, e)
+			})
 		}
 	}
 	return s
+}
+
+// recoverHook, deferred around a hook, logs and swallows its panic.
+func recoverHook(log *slog.Logger, name string) {
+	if r := recover(); r != nil {
+		log.Error("idem: hook panicked; ignored", "hook", name, "panic", r, "stack", string(debug.Stack()))
+	}
 }
 
 func (s *hookSet) timed() bool { return len(s.claim) > 0 || len(s.settle) > 0 }

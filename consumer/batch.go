@@ -105,7 +105,12 @@ func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold 
 	var order []string
 	groups := map[string][]pending{}
 	for _, p := range fresh {
-		g := c.cfg.Batch.GroupBy(p.d.m)
+		g, err := c.groupOf(p.d.m)
+		if err != nil {
+			// That message fails, as a handler that panicked would.
+			hs = append(hs, c.handlerFailed(ctx, p.d, p.held, p.attempts, err)...)
+			continue
+		}
 		if _, ok := groups[g]; !ok {
 			order = append(order, g)
 		}
@@ -115,6 +120,17 @@ func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold 
 		hs = append(hs, c.runGroup(ctx, groups[g])...)
 	}
 	return hs
+}
+
+// groupOf is Batch.GroupBy(m), with a panic turned into an error.
+func (c *Consumer) groupOf(m *broker.Message) (g string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			logPanic(c.log, "Batch.GroupBy", r)
+			err = fmt.Errorf("consumer: Batch.GroupBy panicked: %v", r)
+		}
+	}()
+	return c.cfg.Batch.GroupBy(m), nil
 }
 
 // runGroup runs the batch handler on ps, with in-process retries of a

@@ -116,6 +116,7 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	cfg = cfg.recovering()
 	if w := cfg.Subscriber.RedeliveryWindow(); w > 0 {
 		// Our own nak delays stretch the broker's window.
 		naks := time.Duration(cfg.MaxAttempts) * cfg.Backoff.Max
@@ -265,7 +266,7 @@ func (c *Consumer) prepare(m *broker.Message) (d *delivery) {
 		// User key, fingerprint and order functions run on the fetch
 		// loop: a panic there must not take the consumer down.
 		if r := recover(); r != nil {
-			c.log.Error("consumer: key or fingerprint function panicked", "msg_id", m.ID, "panic", r)
+			c.log.Error("consumer: key or fingerprint function panicked", "msg_id", m.ID, "panic", r, "stack", string(debug.Stack()))
 			d.key, d.fp = nil, nil
 			d.keyErr = fmt.Errorf("%w: key function panicked: %v", ErrNoKey, r)
 		}
@@ -288,7 +289,7 @@ func (c *Consumer) prepare(m *broker.Message) (d *delivery) {
 func (c *Consumer) route(m *broker.Message, d *delivery) (w int, okey []byte) {
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("consumer: order key function panicked", "msg_id", m.ID, "panic", r)
+			c.log.Error("consumer: order key function panicked", "msg_id", m.ID, "panic", r, "stack", string(debug.Stack()))
 			w, okey = 0, nil
 		}
 	}()

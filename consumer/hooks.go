@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/idem-dev/idem/broker"
@@ -9,7 +11,8 @@ import (
 
 // Hooks observe a Consumer (metrics, tracing, alerts). Each field is
 // optional; nil fields are skipped. Hooks run inline on the goroutine that
-// settles the delivery and must be fast and must not block. The message
+// settles the delivery and must be fast and must not block. A hook that
+// panics is logged with its stack and otherwise ignored. The message
 // they get must not be modified or kept after the hook returns.
 //
 // Counters that need no event (currently held deliveries, for a gauge) are
@@ -111,4 +114,67 @@ type UnrecordedEvent struct {
 	Msg *broker.Message
 	Key []byte
 	Err error
+}
+
+// recovering returns c with every user function the runtime calls outside
+// the handler's own recovery (hooks, ClassifyError, DeadLetterTopic)
+// wrapped so that a panic is logged with its stack and does not reach a
+// worker's goroutine (where it would crash the process with messages
+// claimed and unsettled): a hook's panic is ignored, a classifier's leaves
+// the error unclassified (the failure counts an attempt), a dead-letter
+// topic function's gives the default topic. Batch.GroupBy is recovered
+// where it is called: that message fails (see claimAndRun). Key,
+// Fingerprint and OrderKey are recovered where they are called (prepare).
+func (c Config) recovering() Config {
+	log := c.Logger
+	h := &c.Hooks
+	if f := h.OnAck; f != nil {
+		h.OnAck = func(ctx context.Context, e AckEvent) { defer recovered(log, "Hooks.OnAck"); f(ctx, e) }
+	}
+	if f := h.OnNak; f != nil {
+		h.OnNak = func(ctx context.Context, e NakEvent) { defer recovered(log, "Hooks.OnNak"); f(ctx, e) }
+	}
+	if f := h.OnHold; f != nil {
+		h.OnHold = func(ctx context.Context, e HoldEvent) { defer recovered(log, "Hooks.OnHold"); f(ctx, e) }
+	}
+	if f := h.OnDeadLetter; f != nil {
+		h.OnDeadLetter = func(ctx context.Context, e DeadLetterEvent) { defer recovered(log, "Hooks.OnDeadLetter"); f(ctx, e) }
+	}
+	if f := h.OnUnrecorded; f != nil {
+		h.OnUnrecorded = func(ctx context.Context, e UnrecordedEvent) { defer recovered(log, "Hooks.OnUnrecorded"); f(ctx, e) }
+	}
+	if f := c.ClassifyError; f != nil {
+		c.ClassifyError = func(err error) (out error) {
+			defer func() {
+				if r := recover(); r != nil {
+					logPanic(log, "ClassifyError", r)
+					out = err
+				}
+			}()
+			return f(err)
+		}
+	}
+	if f := c.DeadLetterTopic; f != nil {
+		c.DeadLetterTopic = func(m *broker.Message) (topic string) {
+			defer func() {
+				if r := recover(); r != nil {
+					logPanic(log, "DeadLetterTopic", r)
+					topic = m.Topic + ".dead-letter"
+				}
+			}()
+			return f(m)
+		}
+	}
+	return c
+}
+
+// recovered, deferred around a user function, logs and swallows its panic.
+func recovered(log *slog.Logger, name string) {
+	if r := recover(); r != nil {
+		logPanic(log, name, r)
+	}
+}
+
+func logPanic(log *slog.Logger, name string, r any) {
+	log.Error("consumer: user function panicked; recovered", "func", name, "panic", r, "stack", string(debug.Stack()))
 }

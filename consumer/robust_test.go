@@ -115,3 +115,58 @@ func TestHeldClaimLostNotRunTwice(t *testing.T) {
 		})
 	}
 }
+
+// TestPanickingCallbacksDoNotCrash: every user function the runtime calls
+// besides the handler (the error classifier, the hooks, Batch.GroupBy,
+// DeadLetterTopic) may panic: the panic is logged and turned into that
+// message's error (or ignored, for an observer), never a crash of the
+// process nor a message left unsettled.
+func TestPanickingCallbacksDoNotCrash(t *testing.T) {
+	for _, mode := range []string{"single", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config(e.sub("g"))
+			cfg.DeadLetter = e.b.NewPublisher()
+			cfg.MaxAttempts = 2
+			boom := func() { panic("callback bug") }
+			cfg.ClassifyError = func(error) error { boom(); return nil }
+			cfg.DeadLetterTopic = func(*broker.Message) string { boom(); return "" }
+			cfg.Hooks = consumer.Hooks{
+				OnAck:        func(context.Context, consumer.AckEvent) { boom() },
+				OnNak:        func(context.Context, consumer.NakEvent) { boom() },
+				OnHold:       func(context.Context, consumer.HoldEvent) { boom() },
+				OnDeadLetter: func(context.Context, consumer.DeadLetterEvent) { boom() },
+				OnUnrecorded: func(context.Context, consumer.UnrecordedEvent) { boom() },
+			}
+			if mode == "batch" {
+				cfg.Batch.GroupBy = func(m *broker.Message) string {
+					if m.ID == "grouped-bug" {
+						boom()
+					}
+					return ""
+				}
+			}
+			setEffect(&cfg, mode, func(m *broker.Message) error {
+				if m.ID == "poison" {
+					return errBoom
+				}
+				return nil
+			})
+			c, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, c)
+			ids := []string{"ok", "poison"}
+			if mode == "batch" {
+				ids = append(ids, "grouped-bug")
+			}
+			for _, id := range ids {
+				e.publish(msg(id, "p"))
+			}
+			waitFor(t, "every message settled", func() bool {
+				return e.log.Acks("ok") > 0 && e.log.Terms("poison") > 0 && (mode != "batch" || e.log.Terms("grouped-bug") > 0)
+			})
+		})
+	}
+}
