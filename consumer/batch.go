@@ -21,13 +21,18 @@ type pending struct {
 
 // processBatch claims the batch's keys in one round trip, settles
 // duplicates and keys in progress, and runs the handler on the rest. It
-// returns what it holds.
-func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) []*hold {
+// returns what it holds, and the deliveries it left for later: a second
+// message of a key already in the batch with another fingerprint.
+func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) (hs []*hold, later []*delivery) {
 	// Same key twice in one batch: claim it once; the later copies follow
-	// the first one's fate (acked if it completes, nak'ed otherwise).
+	// the first one's fate (acked if it completes, nak'ed otherwise). A
+	// copy with another fingerprint is not judged here: which payload is
+	// the key's own is the store's answer (the key may have been completed
+	// with the later copy's payload, and the first copy be the reuse). It
+	// goes back to the worker, to be claimed after this batch, behind the
+	// first copy if that one is held.
 	first := make(map[string]*delivery, len(batch))
 	claims := make([]*delivery, 0, len(batch))
-	var hs []*hold
 	for _, d := range batch {
 		if d.keyErr != nil {
 			hs = append(hs, c.missingKey(broker.ExtractTrace(ctx, d.m), d)...)
@@ -35,7 +40,7 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) []*hold 
 		}
 		if f := first[string(d.key)]; f != nil {
 			if !bytes.Equal(f.fp, d.fp) {
-				hs = append(hs, c.deadLetter(ctx, d, "fingerprint mismatch: key reused with another payload in the same batch")...)
+				later = append(later, d)
 				continue
 			}
 			f.followers = append(f.followers, d)
@@ -45,12 +50,12 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) []*hold 
 		claims = append(claims, d)
 	}
 	if len(claims) == 0 {
-		return hs
+		return hs, later
 	}
 	if c.cfg.TxBatchHandler != nil {
-		return append(hs, c.processTx(ctx, claims)...)
+		return append(hs, c.processTx(ctx, claims)...), later
 	}
-	return append(hs, c.claimAndRun(ctx, claims)...)
+	return append(hs, c.claimAndRun(ctx, claims)...), later
 }
 
 // claimAndRun claims claims (deliveries with distinct keys, followers

@@ -170,3 +170,52 @@ func TestPanickingCallbacksDoNotCrash(t *testing.T) {
 		})
 	}
 }
+
+// TestBatchFingerprintMismatchDecidedByStore: two messages of one key
+// with different payloads in one batch. Which of them is the key's own
+// payload is the store's answer, not the batch's order: K was completed
+// with payload "one"; a batch bringing (K, "two") first and then (K,
+// "one") must dead-letter the first (fingerprint mismatch) and ack the
+// second as a duplicate, not dead-letter it for differing from the first.
+func TestBatchFingerprintMismatchDecidedByStore(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config(e.sub("g"))
+	cfg.Workers = 1
+	cfg.Batch.Size = 10
+	cfg.Batch.Wait = 200 * time.Millisecond
+	cfg.DeadLetter = e.b.NewPublisher()
+	cfg.Key = func(m *broker.Message) ([]byte, error) { return m.Key, nil }
+	led := newLedger()
+	setEffect(&cfg, "batch", func(m *broker.Message) error { led.add(string(m.Key), m.ID); return nil })
+	km := func(id, key, payload string) *broker.Message {
+		m := msg(id, payload)
+		m.Key = []byte(key)
+		return m
+	}
+	// K completed earlier with payload "one".
+	first := km("first", "K", "one")
+	if _, err := e.guard.Do(context.Background(), []byte("K"), func(context.Context) ([]byte, error) { return nil, nil },
+		idem.WithFingerprint(consumer.PayloadFingerprint(first))); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(km("reuse", "K", "two"), km("redelivery", "K", "one"))
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	waitFor(t, "both settled", func() bool {
+		return e.log.Acks("reuse")+e.log.Terms("reuse") > 0 && e.log.Acks("redelivery")+e.log.Terms("redelivery") > 0
+	})
+	stop()
+	if e.log.Terms("reuse") != 1 {
+		t.Fatalf("the reused key with another payload was not dead-lettered (acks %d)", e.log.Acks("reuse"))
+	}
+	if e.log.Acks("redelivery") != 1 || e.log.Terms("redelivery") != 0 {
+		t.Fatalf("the message with the key's own payload: acks %d, terms %d; want acked as a duplicate",
+			e.log.Acks("redelivery"), e.log.Terms("redelivery"))
+	}
+	if led.count("K") != 0 {
+		t.Fatalf("effect ran %d times for a completed key", led.count("K"))
+	}
+}

@@ -152,13 +152,17 @@ func (w *worker) dispatch(ctx context.Context, d *delivery, batch []*delivery) {
 		return
 	}
 	var hs []*hold
+	var later []*delivery
 	if d != nil {
 		hs = w.c.handleOne(ctx, d)
 	} else {
-		hs = w.c.processBatch(ctx, batch)
+		hs, later = w.c.processBatch(ctx, batch)
 	}
 	if len(hs) > 0 {
-		w.park(ctx, hs)
+		w.park(ctx, hs) // first, so that later copies of a held key wait behind it
+	}
+	if len(later) > 0 {
+		w.backlog = append(later, w.backlog...)
 	}
 }
 
