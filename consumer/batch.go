@@ -171,7 +171,7 @@ func (c *Consumer) runGroup(ctx context.Context, ps []pending) []*hold {
 		case len(live) == 0:
 			return hs
 		case c.transient(err):
-			return append(hs, c.holdGroup(live, err))
+			return append(hs, c.holdOrFail(ctx, live, err)...)
 		case leaseLost && len(live) < len(ps):
 			ps = live // the others were cancelled with the lost ones
 			continue
@@ -222,7 +222,26 @@ func (c *Consumer) settlePartial(ctx context.Context, ps []pending, gone []bool,
 	}
 	hs = append(hs, c.completeAll(ctx, ok)...)
 	if len(transient) > 0 {
-		hs = append(hs, c.holdGroup(transient, terr))
+		hs = append(hs, c.holdOrFail(ctx, transient, terr)...)
+	}
+	return hs
+}
+
+// holdOrFail holds ps after the transient error err (holdGroup), except
+// those held for their handler's system past MaxUnavailableHold, which
+// fail (an attempt counted).
+func (c *Consumer) holdOrFail(ctx context.Context, ps []pending, err error) []*hold {
+	var hs []*hold
+	keep := ps[:0:0]
+	for _, p := range ps {
+		if ferr := c.unavailableTooLong(p.d, err); ferr != nil {
+			hs = append(hs, c.handlerFailed(ctx, p.d, p.held, p.attempts, ferr)...)
+			continue
+		}
+		keep = append(keep, p)
+	}
+	if len(keep) > 0 {
+		hs = append(hs, c.holdGroup(keep, err))
 	}
 	return hs
 }

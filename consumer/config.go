@@ -11,6 +11,9 @@ import (
 	"github.com/idem-dev/idem/broker"
 )
 
+// DefaultMaxUnavailableHold is Config.MaxUnavailableHold's default.
+const DefaultMaxUnavailableHold = time.Hour
+
 // Handler runs one message's effect. It returns when the effect is durable;
 // the []byte is stored with the record and replayed to duplicates. Return
 // idem.Permanent(err) for an error no retry can fix: the message is
@@ -164,6 +167,19 @@ type Config struct {
 	// is how long fetching pauses after a store failure (fail closed:
 	// nothing runs, nothing is acked, nothing is nak'ed). Default 5s.
 	StoreDownDelay time.Duration
+	// MaxUnavailableHold bounds how long one delivery is held, its claim
+	// kept and no attempt spent, while its handler's error is classified
+	// unavailable or unknown outcome (its database or another system
+	// cannot be reached). Past it, that error counts as a failed attempt
+	// like any other: the key is released and the message nak'ed with
+	// backoff (held on its last broker delivery), and dead-lettered once
+	// MaxAttempts are used up. Each new delivery starts its own window, so
+	// an outage is ridden out without spending an attempt for up to this
+	// long, and dead-letters a message after about MaxAttempts times it.
+	// Default 1h; negative: hold for as long as the system stays
+	// unavailable (a misclassified permanent error then holds the message
+	// for ever).
+	MaxUnavailableHold time.Duration
 
 	// Workers run handlers; different order keys run in parallel. Default 16.
 	Workers int
@@ -228,6 +244,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StoreDownDelay == 0 {
 		c.StoreDownDelay = 5 * time.Second
+	}
+	if c.MaxUnavailableHold == 0 {
+		c.MaxUnavailableHold = DefaultMaxUnavailableHold
 	}
 	if c.Workers == 0 {
 		c.Workers = 16

@@ -101,6 +101,9 @@ type delivery struct {
 	steps     *stepState // step claims kept while the delivery is held (Steps)
 	txFails   int        // in-process retries after failures, tx modes (attempts = Delivery + txFails)
 	ownClaim  bool       // our claim of the key may still be live (its release failed)
+	// unavailSince: when its handler's system was first found unavailable
+	// (MaxUnavailableHold counts from it).
+	unavailSince time.Time
 
 	// inflight list links, guarded by shard.mu
 	prev, next *delivery
@@ -353,12 +356,39 @@ func (c *Consumer) runClaimed(ctx context.Context, d *delivery, held *idem.Held,
 	}
 	if herr != nil {
 		if c.transient(herr) && !lost(held) {
-			return []*hold{c.holdClaimed(d, held, attempts, herr)}
+			ferr := c.unavailableTooLong(d, herr)
+			if ferr == nil {
+				return []*hold{c.holdClaimed(d, held, attempts, herr)}
+			}
+			herr = ferr
 		}
 		d.steps.releaseAll(ctx, herr)
 		return c.handlerFailed(ctx, d, held, attempts, herr)
 	}
 	return c.completed(ctx, d, held, val, held.Complete(ctx, val))
+}
+
+// unavailableTooLong starts d's unavailability window at its first call
+// and, once d has been held for its handler's system for
+// MaxUnavailableHold, returns what herr becomes then: a failure that
+// counts an attempt (no longer classified transient). nil: hold it.
+func (c *Consumer) unavailableTooLong(d *delivery, herr error) error {
+	if c.cfg.MaxUnavailableHold < 0 {
+		return nil
+	}
+	now := time.Now()
+	if d.unavailSince.IsZero() {
+		d.unavailSince = now
+		return nil
+	}
+	since := now.Sub(d.unavailSince)
+	if since < c.cfg.MaxUnavailableHold {
+		return nil
+	}
+	c.log.Warn("consumer: handler's system unavailable for longer than MaxUnavailableHold; counting it as a failed attempt",
+		"msg_id", d.m.ID, "for", since, "max_unavailable_hold", c.cfg.MaxUnavailableHold, "err", herr)
+	return fmt.Errorf("consumer: unavailable for %s, longer than MaxUnavailableHold %s: %v",
+		since.Round(time.Millisecond), c.cfg.MaxUnavailableHold, herr)
 }
 
 // holdClaimed keeps d and its claim after a handler error classified as

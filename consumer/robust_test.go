@@ -219,3 +219,63 @@ func TestBatchFingerprintMismatchDecidedByStore(t *testing.T) {
 		t.Fatalf("effect ran %d times for a completed key", led.count("K"))
 	}
 }
+
+// TestHandlerUnavailableHoldIsBounded: a handler whose own system stays
+// unavailable is held without spending attempts, but not for ever: after
+// MaxUnavailableHold the error counts as a failed attempt, so a message
+// whose error is misclassified (a wrong password reported as "cannot
+// connect") or whose system never comes back ends dead-lettered after
+// MaxAttempts, instead of holding its slot for ever.
+func TestHandlerUnavailableHoldIsBounded(t *testing.T) {
+	for _, mode := range []string{"single", "batch", "tx", "txbatch", "steps"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config(e.sub("g"))
+			cfg.MaxAttempts = 2
+			cfg.MaxUnavailableHold = 30 * time.Millisecond
+			cfg.DeadLetter = e.b.NewPublisher()
+			var runs atomic.Int64
+			down := func() error {
+				runs.Add(1)
+				return fmt.Errorf("%w: the handler's database", idem.ErrUnavailable)
+			}
+			led := newLedger()
+			switch mode {
+			case "single", "batch":
+				setEffect(&cfg, mode, func(*broker.Message) error { return down() })
+			case "tx":
+				cfg.TxHandler = func(context.Context, consumer.TxItem) (consumer.TxOutcome, error) {
+					return consumer.TxOutcome{}, down()
+				}
+			case "txbatch":
+				cfg.TxBatchHandler = func(context.Context, []consumer.TxItem) ([]consumer.TxOutcome, error) {
+					return nil, down()
+				}
+			case "steps":
+				h, err := consumer.Steps(e.guard, consumer.Step{Name: "charge",
+					Run: func(context.Context, *broker.Message, map[string][]byte) ([]byte, error) { return nil, down() }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg.Handler = h
+			}
+			c, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, c)
+			e.publish(msg("m1", "p"))
+			waitFor(t, "the message dead-lettered", func() bool { return e.log.Terms("m1") == 1 })
+			if led.total() != 0 {
+				t.Fatal("an effect ran")
+			}
+			if runs.Load() < 2 {
+				t.Fatalf("the handler ran %d times: the hold did not retry before giving up", runs.Load())
+			}
+			dl := e.b.Published("orders.dead-letter")
+			if len(dl) != 1 {
+				t.Fatalf("%d dead letters", len(dl))
+			}
+		})
+	}
+}

@@ -107,7 +107,7 @@ func (c *Consumer) processTx(ctx context.Context, claims []*delivery) []*hold {
 			// unknown): keep the messages, pause fetching, run the
 			// transaction again later. No delivery is spent.
 			c.pauseFetching()
-			return []*hold{c.holdTx(claims, err)}
+			return c.holdTxOrRetry(ctx, claims, err)
 		}
 		c.log.Warn("consumer: transactional batch failed as a whole", "messages", len(claims), "err", err)
 		var hs []*hold
@@ -152,7 +152,26 @@ func (c *Consumer) processTx(ctx context.Context, claims []*delivery) []*hold {
 		}
 	}
 	if len(unavailable) > 0 {
-		hs = append(hs, c.holdTx(unavailable, uerr))
+		hs = append(hs, c.holdTxOrRetry(ctx, unavailable, uerr)...)
+	}
+	return hs
+}
+
+// holdTxOrRetry holds ds after the transient error err (holdTx), except
+// those held for their database past MaxUnavailableHold, which take the
+// failure path (an attempt counted).
+func (c *Consumer) holdTxOrRetry(ctx context.Context, ds []*delivery, err error) []*hold {
+	var hs []*hold
+	keep := ds[:0:0]
+	for _, d := range ds {
+		if ferr := c.unavailableTooLong(d, err); ferr != nil {
+			hs = append(hs, c.txRetry(ctx, d, ferr, false)...)
+			continue
+		}
+		keep = append(keep, d)
+	}
+	if len(keep) > 0 {
+		hs = append(hs, c.holdTx(keep, err))
 	}
 	return hs
 }
