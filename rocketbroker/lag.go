@@ -28,23 +28,9 @@ func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 // without a route counts 0.
 func GroupLag(ctx context.Context, c Client, group string, topics ...string) (int64, error) {
 	var total int64
-	conns := map[string]*remoting.Conn{}
-	defer func() {
-		for _, cn := range conns {
-			cn.Close()
-		}
-	}()
-	dial := func(addr string) (*remoting.Conn, error) {
-		if cn := conns[addr]; cn != nil {
-			return cn, nil
-		}
-		cn, err := remoting.Dial(ctx, addr)
-		if err != nil {
-			return nil, err
-		}
-		conns[addr] = cn
-		return cn, nil
-	}
+	conns := newConnCache(ctx)
+	defer conns.close()
+	dial := conns.dial
 	for _, topic := range topics {
 		route, err := lookupRoute(ctx, c, dial, topic)
 		if err != nil {
@@ -81,6 +67,34 @@ func GroupLag(ctx context.Context, c Client, group string, topics ...string) (in
 
 var errNotFound = errors.New("not found")
 
+// connCache keeps one connection per address for a run of requests.
+type connCache struct {
+	ctx   context.Context
+	conns map[string]*remoting.Conn
+}
+
+func newConnCache(ctx context.Context) *connCache {
+	return &connCache{ctx: ctx, conns: map[string]*remoting.Conn{}}
+}
+
+func (c *connCache) dial(addr string) (*remoting.Conn, error) {
+	if cn := c.conns[addr]; cn != nil {
+		return cn, nil
+	}
+	cn, err := remoting.Dial(c.ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	c.conns[addr] = cn
+	return cn, nil
+}
+
+func (c *connCache) close() {
+	for _, cn := range c.conns {
+		cn.Close()
+	}
+}
+
 func newRequest(code int, ext map[string]string) *remoting.Command {
 	return &remoting.Command{Code: code, Language: "GO", Version: remoting.ServerVersion, ExtFields: ext}
 }
@@ -88,7 +102,7 @@ func newRequest(code int, ext map[string]string) *remoting.Command {
 func offsetRequest(ctx context.Context, c *remoting.Conn, code int, ext map[string]string) (int64, error) {
 	resp, err := c.Invoke(ctx, newRequest(code, ext))
 	if err != nil {
-		return 0, fmt.Errorf("rocketbroker: lag: request %d: %w", code, err)
+		return 0, fmt.Errorf("rocketbroker: request %d: %w", code, err)
 	}
 	switch resp.Code {
 	case remoting.Success:
@@ -96,7 +110,7 @@ func offsetRequest(ctx context.Context, c *remoting.Conn, code int, ext map[stri
 	case remoting.QueryNotFound:
 		return 0, errNotFound
 	}
-	return 0, fmt.Errorf("rocketbroker: lag: request %d: code %d: %s", code, resp.Code, resp.Remark)
+	return 0, fmt.Errorf("rocketbroker: request %d: code %d: %s", code, resp.Code, resp.Remark)
 }
 
 type topicRoute struct {

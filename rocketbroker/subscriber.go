@@ -17,6 +17,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/rocketbroker/internal/remoting"
 )
 
 // ErrDeliveryLost is returned when settling a delivery the subscriber can
@@ -459,8 +460,9 @@ func (s *Subscriber) toMessage(ext *primitive.MessageExt, d *delivery) *broker.M
 // Close shuts the push consumer down (its queues are dropped and their
 // offsets persisted: the lowest unsettled message of each queue and
 // everything after it will be delivered again, to this group's next
-// member), then releases the consume callbacks of unsettled deliveries,
-// whose Ackers return ErrDeliveryLost from then on.
+// member), waits until the broker reports those offsets (see
+// confirmOffsets), then releases the consume callbacks of unsettled
+// deliveries, whose Ackers return ErrDeliveryLost from then on.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stopping)
@@ -471,7 +473,9 @@ func (s *Subscriber) Close() error {
 		if pc != nil {
 			s.drain(pc)
 			s.quiesce(pc)
+			want := clientOffsets(pc)
 			s.closeErr = pc.Shutdown()
+			s.confirmOffsets(want)
 		}
 		close(s.released)
 		s.cbMu.Lock()
@@ -593,6 +597,92 @@ func clientView(pc rocketmq.PushConsumer) (view map[primitive.MessageQueue]queue
 		}
 	}
 	return view, true
+}
+
+// clientOffsets is the commit offset the client holds for each of its
+// queues that has one: what its Shutdown sends the broker.
+func clientOffsets(pc rocketmq.PushConsumer) map[primitive.MessageQueue]int64 {
+	view, ok := clientView(pc)
+	if !ok {
+		return nil
+	}
+	want := map[primitive.MessageQueue]int64{}
+	for mq, v := range view {
+		if v.commit > 0 {
+			want[mq] = v.commit
+		}
+	}
+	return want
+}
+
+// confirmOffsets waits, up to settleWindow, until the broker reports for
+// each queue in want a committed offset of at least want's. The client's
+// Shutdown sends its offsets one way (UPDATE_CONSUMER_OFFSET, no answer
+// awaited), and the broker applies them on an executor of its own: the
+// group's next member, started once Close returns, could query the
+// offsets before they were applied and get every message acked since the
+// last periodic commit (5s) again. It gives up at once when the broker
+// cannot be asked (no route, a request error, an answer other than an
+// offset or "none yet"): the wait is for a lagging update, not for a
+// broker that is gone. With ACLs it does not ask: its requests are not
+// signed.
+func (s *Subscriber) confirmOffsets(want map[primitive.MessageQueue]int64) {
+	if len(want) == 0 || s.cfg.AccessKey != "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), settleWindow)
+	defer cancel()
+	conns := newConnCache(ctx)
+	defer conns.close()
+	routes := map[string]*topicRoute{}
+	giveUp := func(err error) {
+		s.cfg.Logger.Warn("rocketbroker: offsets not confirmed at Close; the group's next member may get acked messages again",
+			"group", s.cfg.Group, "queues", len(want), "err", err)
+	}
+	for {
+		for mq, off := range want {
+			r := routes[mq.Topic]
+			if r == nil {
+				var err error
+				if r, err = lookupRoute(ctx, s.cfg.Client, conns.dial, mq.Topic); err != nil {
+					giveUp(err)
+					return
+				}
+				routes[mq.Topic] = r
+			}
+			addr := r.brokers[mq.BrokerName]
+			if addr == "" {
+				giveUp(fmt.Errorf("no address for broker %s", mq.BrokerName))
+				return
+			}
+			bc, err := conns.dial(addr)
+			if err != nil {
+				giveUp(err)
+				return
+			}
+			got, err := offsetRequest(ctx, bc, remoting.QueryConsumerOffset, map[string]string{
+				"consumerGroup": s.cfg.Group, "topic": mq.Topic, "queueId": strconv.Itoa(mq.QueueId), "bname": mq.BrokerName})
+			switch {
+			case errors.Is(err, errNotFound):
+			case err != nil:
+				giveUp(err)
+				return
+			case got >= off:
+				delete(want, mq)
+			}
+		}
+		if len(want) == 0 {
+			return
+		}
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			giveUp(ctx.Err())
+			return
+		}
+	}
 }
 
 // Started is how many times the push consumer started (1 once running).

@@ -89,6 +89,13 @@ type Config struct {
 	// RetryMaxTimes is the subscription groups' retryMaxTimes, used when
 	// a request carries no maximum. Default 16.
 	RetryMaxTimes int
+	// OffsetUpdateDelay applies each UPDATE_CONSUMER_OFFSET this long
+	// after it arrived (in arrival order, checked every 50ms), while the
+	// broker's other requests are served at once: the Java broker runs
+	// offset updates on an executor of their own, and the client sends
+	// them one way, so a backlog there lets a query of the offsets from
+	// another connection overtake them. Default 0: applied on arrival.
+	OffsetUpdateDelay time.Duration
 	// Logger receives a debug line per request. Default: discard.
 	Logger *slog.Logger
 }
@@ -144,10 +151,20 @@ type Server struct {
 	conns     map[*conn]bool
 	requests  map[int]int
 	pauseNS   bool
+	// lateOffsets: offset updates waiting out OffsetUpdateDelay, oldest
+	// first.
+	lateOffsets []lateOffset
 
 	closed    chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+}
+
+type lateOffset struct {
+	due    time.Time
+	group  string
+	k      queueKey
+	offset int64
 }
 
 type queueKey struct {
@@ -290,6 +307,7 @@ func (s *Server) housekeeping() {
 		case now := <-t.C:
 			s.mu.Lock()
 			s.deliverDue(now)
+			s.applyLateOffsets(now)
 			for g, ms := range s.groups {
 				changed := false
 				for id, m := range ms {
@@ -468,8 +486,13 @@ func (s *Server) brokerRequest(c *conn, req *remoting.Command) *remoting.Command
 	case remoting.QueryConsumerOffset:
 		return s.queryOffset(req)
 	case remoting.UpdateConsumerOffset:
+		group, k, off := req.Field("consumerGroup"), queueKey{req.Field("topic"), int(req.Int("queueId", 0))}, req.Int("commitOffset", 0)
 		s.mu.Lock()
-		s.commitLocked(req.Field("consumerGroup"), queueKey{req.Field("topic"), int(req.Int("queueId", 0))}, req.Int("commitOffset", 0))
+		if s.cfg.OffsetUpdateDelay > 0 {
+			s.lateOffsets = append(s.lateOffsets, lateOffset{time.Now().Add(s.cfg.OffsetUpdateDelay), group, k, off})
+		} else {
+			s.commitLocked(group, k, off)
+		}
 		s.mu.Unlock()
 		return ok(req)
 	case remoting.GetMaxOffset, remoting.GetMinOffset, remoting.SearchOffsetByTimestamp:
@@ -777,6 +800,17 @@ func (s *Server) deliverDue(now time.Time) {
 	}
 	clear(s.scheduled[len(kept):])
 	s.scheduled = kept
+}
+
+// applyLateOffsets commits the offset updates due by now, in order.
+func (s *Server) applyLateOffsets(now time.Time) {
+	n := 0
+	for n < len(s.lateOffsets) && !s.lateOffsets[n].due.After(now) {
+		u := s.lateOffsets[n]
+		s.commitLocked(u.group, u.k, u.offset)
+		n++
+	}
+	s.lateOffsets = s.lateOffsets[n:]
 }
 
 func (s *Server) commitLocked(group string, k queueKey, offset int64) {
