@@ -178,8 +178,8 @@ func TestPanickingHooksIgnored(t *testing.T) {
 	}
 	var logs syncBuf
 	const lease = time.Second
-	g := newGuard(t, fs, idem.WithLease(lease), idem.WithClock(clk), idem.WithHooks(hooks),
-		idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	g := newGuard(t, fs, idem.WithLease(lease), idem.WithClock(clk), idem.WithHooks(hooks), idem.WithFailOpen(true),
+		idem.WithCompleteRetries(2), idem.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	func() {
 		defer func() {
 			if r := recover(); r != nil {
@@ -189,10 +189,16 @@ func TestPanickingHooksIgnored(t *testing.T) {
 		if _, err := g.Do(ctx, []byte("a"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); err != nil {
 			t.Fatalf("Do: %v", err)
 		}
-		// Unrecorded: OnUnrecorded from the caller, then the background.
-		fs.Inject(faultstore.OpComplete, faultstore.Fault{Times: 8})
-		if _, err := g.Do(ctx, []byte("u"), func(context.Context) ([]byte, error) { return nil, nil }, idem.WithCallLease(50*time.Millisecond)); err != nil && !errors.Is(err, idem.ErrUnrecorded) {
-			t.Fatalf("Do: %v", err)
+		// Fail-open: OnFailOpen.
+		fs.Inject(faultstore.OpClaim, faultstore.Fault{Times: 1})
+		if res, err := g.Do(ctx, []byte("o"), func(context.Context) ([]byte, error) { return nil, nil }); err != nil || !res.FailedOpen {
+			t.Fatalf("fail-open Do: %+v, %v", res, err)
+		}
+		// Unrecorded (3 tries, then the background): OnUnrecorded from
+		// the caller, then from the background completer.
+		fs.Inject(faultstore.OpComplete, faultstore.Fault{Times: 5})
+		if _, err := g.Do(ctx, []byte("u"), func(context.Context) ([]byte, error) { return nil, nil }); !errors.Is(err, idem.ErrUnrecorded) {
+			t.Fatalf("Do: %v, want ErrUnrecorded", err)
 		}
 	}()
 	if r, err := mem.Get(ctx, []byte("a")); err != nil || r.State != idem.StateCompleted {
@@ -213,7 +219,13 @@ func TestPanickingHooksIgnored(t *testing.T) {
 		r, err := mem.Get(ctx, []byte("u"))
 		return err == nil && r.State == idem.StateCompleted
 	})
-	if out := logs.String(); !strings.Contains(out, "hook bug") {
+	out := logs.String()
+	for _, hook := range []string{"OnClaim", "OnSettle", "OnFailOpen", "OnLeaseLost", "OnUnrecorded"} {
+		if !strings.Contains(out, "hook="+hook) {
+			t.Errorf("no panic of %s logged", hook)
+		}
+	}
+	if !strings.Contains(out, "hook bug") {
 		t.Fatalf("the hooks' panics were not logged:\n%s", out)
 	}
 }
