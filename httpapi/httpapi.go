@@ -433,7 +433,7 @@ func (h *Handler) claim(ctx context.Context, w *recorder, store idem.Store, body
 	h.countClaim(w, outcomeOf(nil, cl.Outcome))
 	out, code := claimAnswer(cl)
 	if cl.Outcome == idem.OutcomeInProgress {
-		w.Header().Set("Retry-After", retryAfter(cl.Record.LeaseUntil))
+		w.Header().Set("Retry-After", retryAfter(&cl.Record))
 	}
 	writeJSON(w, code, out)
 }
@@ -459,10 +459,18 @@ func claimAnswer(cl idem.Claim) (claimOut, int) {
 	return claimOut{Status: "unknown"}, http.StatusInternalServerError
 }
 
-// retryAfter is the Retry-After value for a lease ending at until: whole
-// seconds, rounded up, at least 1.
-func retryAfter(until time.Time) string {
-	s := math.Ceil(time.Until(until).Seconds())
+// retryAfter is the Retry-After value for an in-progress record: whole
+// seconds until its lease ends, rounded up, at least 1. LeaseUntil is on
+// the store's clock, so the wait is bounded by the holder's lease span as
+// idem.InProgressError.RetryAfter bounds it: a store clock hours ahead
+// must not tell clients to wait hours.
+func retryAfter(rec *idem.Record) string {
+	var lease time.Duration
+	if !rec.UpdatedAt.IsZero() && rec.LeaseUntil.After(rec.UpdatedAt) {
+		lease = rec.LeaseUntil.Sub(rec.UpdatedAt)
+	}
+	e := idem.InProgressError{LeaseUntil: rec.LeaseUntil, Lease: lease}
+	s := math.Ceil(e.RetryAfter(time.Now()).Seconds())
 	if s < 1 {
 		s = 1
 	}

@@ -599,3 +599,37 @@ func TestClaimStorm(t *testing.T) {
 		}
 	}
 }
+
+// skewedClock is a store's clock off the service's by a fixed amount.
+type skewedClock time.Duration
+
+func (c skewedClock) Now() time.Time { return time.Now().Add(time.Duration(c)) }
+
+// The lease end is on the store's clock: Retry-After must stay within the
+// holder's lease span whatever the skew between store and service (a store
+// 10 h ahead gave "Retry-After: 36060"), and at least 1 second.
+func TestRetryAfterRobustToClockSkew(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		skew time.Duration
+	}{{"store ahead", 10 * time.Hour}, {"store behind", -10 * time.Hour}, {"in step", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := memstore.New(memstore.Config{Clock: skewedClock(tc.skew)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			a := newAPI(t, httpapi.Config{Store: s})
+			a.want(a.post("/v1/claim", `{"key":"k","lease_ms":60000}`), 201, "status", "acquired")
+			r := a.post("/v1/claim", `{"key":"k"}`)
+			a.want(r, 409, "status", "in_progress")
+			ra, err := strconv.Atoi(r.hdr.Get("Retry-After"))
+			if err != nil || ra < 1 || ra > 60 {
+				t.Fatalf("Retry-After %q, want 1..60 (the holder's 60 s lease)", r.hdr.Get("Retry-After"))
+			}
+			if tc.skew == 0 && ra < 59 {
+				t.Fatalf("Retry-After %d, want the lease's ~60s", ra)
+			}
+		})
+	}
+}
