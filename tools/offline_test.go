@@ -59,8 +59,8 @@ func TestModulesRequireReleasedSiblings(t *testing.T) {
 // TestOfflineProxy releases the tree at testVersion into a file-based module
 // proxy (module zips made with golang.org/x/mod/zip after the same rewrite
 // scripts/release does), then, in a fresh module outside the tree with no
-// network (GOPROXY: that proxy, then the local module cache's download
-// directory for third-party modules; no checksum database; an empty module
+// network (GOPROXY: that proxy, then download directories of local module
+// caches for third-party modules; no checksum database; an empty module
 // cache), a user goes get the core, pgstore and natsbroker by version and
 // builds a program on them, and go installs cmd/idem@testVersion and runs it.
 // The user's go.mod must require none of the test-only modules.
@@ -90,45 +90,46 @@ func TestOfflineProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The third-party modules the user's builds need come from this
-	// machine's module cache: make sure they are in it (this step may use
-	// the network; nothing after it can).
+	// The third-party modules the user's commands need come from module
+	// caches of this machine: the one the workspace builds with (what
+	// go install needs: the packages cmd/idem imports on this platform),
+	// and one filled by the user's go get and go mod tidy run here first,
+	// which may download what the first lacks (tidy loads every build tag
+	// and the tests of dependencies: zips that no build here needs). This
+	// step may use the network; nothing after it can.
 	goCmd(t, "..", nil, "list", "-deps", "./pgstore", "./natsbroker", "./cmd/idem")
-	offline := []string{
-		"GOPROXY=file://" + filepath.ToSlash(proxy) + ",file://" + filepath.ToSlash(filepath.Join(goEnv(t, "GOMODCACHE"), "cache", "download")),
-		"GOSUMDB=off", "GONOSUMDB=", "GOPRIVATE=", "GONOPROXY=", "GOFLAGS=-mod=mod", "GOWORK=off", "GOTOOLCHAIN=local",
-		"GOMODCACHE=" + cache, "GOBIN=" + bin,
+	fill, fillUser := t.TempDir(), t.TempDir()
+	machine := "file://" + filepath.ToSlash(filepath.Join(goEnv(t, "GOMODCACHE"), "cache", "download"))
+	env := func(proxies, modcache, goflags string) []string {
+		return []string{"GOPROXY=" + proxies, "GOSUMDB=off", "GONOSUMDB=", "GOPRIVATE=", "GONOPROXY=", "GOFLAGS=" + goflags,
+			"GOWORK=off", "GOTOOLCHAIN=local", "GOMODCACHE=" + modcache, "GOBIN=" + bin}
 	}
-	t.Cleanup(func() {
-		// The module cache is read-only: let go remove it.
-		cmd := exec.Command("go", "clean", "-modcache")
-		cmd.Env = append(os.Environ(), "GOMODCACHE="+cache)
-		_ = cmd.Run()
-	})
-
-	write := func(name, data string) {
-		if err := os.WriteFile(filepath.Join(user, name), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
+	online := env("file://"+filepath.ToSlash(proxy)+","+machine+","+goEnv(t, "GOPROXY"), fill, "-mod=mod")
+	// -trimpath: what is compiled from the empty module cache is cached by
+	// content, not under that directory's name, so the next run of this
+	// test does not compile every dependency again.
+	offline := env("file://"+filepath.ToSlash(proxy)+",file://"+filepath.ToSlash(filepath.Join(fill, "cache", "download"))+","+machine,
+		cache, "-mod=mod -trimpath")
+	for _, mc := range []string{cache, fill} {
+		t.Cleanup(func() {
+			// A module cache is read-only: let go remove it.
+			cmd := exec.Command("go", "clean", "-modcache")
+			cmd.Env = append(os.Environ(), "GOMODCACHE="+mc)
+			_ = cmd.Run()
+		})
+	}
+	get := []string{"get", "github.com/idem-dev/idem@" + testVersion, "github.com/idem-dev/idem/pgstore@" + testVersion, "github.com/idem-dev/idem/natsbroker@" + testVersion}
+	for _, dir := range []string{fillUser, user} {
+		for name, data := range map[string]string{"go.mod": "module example.com/orders\n\ngo 1.26\n", "main.go": userMain} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	write("go.mod", "module example.com/orders\n\ngo 1.26\n")
-	write("main.go", `package main
+	goCmd(t, fillUser, online, get...)
+	goCmd(t, fillUser, online, "mod", "tidy")
 
-import (
-	"fmt"
-
-	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/natsbroker"
-	"github.com/idem-dev/idem/pgstore"
-)
-
-func main() {
-	c, err := pgstore.FromURL("postgres://app@db.example/orders?layout=sharded")
-	var sub natsbroker.SubscriberConfig
-	fmt.Println(idem.StateCompleted, c.Store.Layout, err, sub.Stream == "")
-}
-`)
-	goCmd(t, user, offline, "get", "github.com/idem-dev/idem@"+testVersion, "github.com/idem-dev/idem/pgstore@"+testVersion, "github.com/idem-dev/idem/natsbroker@"+testVersion)
+	goCmd(t, user, offline, get...)
 	goCmd(t, user, offline, "mod", "tidy")
 	goCmd(t, user, offline, "build", "-o", filepath.Join(bin, "orders"), ".")
 	out, err := exec.Command(filepath.Join(bin, "orders")).CombinedOutput()
@@ -155,7 +156,7 @@ func main() {
 
 	// go install by version: no -mod=mod, so the installed module's own
 	// go.sum must hold every checksum, its siblings' included.
-	install := append(append([]string{}, offline...), "GOFLAGS=")
+	install := append(append([]string{}, offline...), "GOFLAGS=-trimpath")
 	goCmd(t, user, install, "install", "github.com/idem-dev/idem/cmd/idem@"+testVersion)
 	out, err = exec.Command(filepath.Join(bin, "idem"), "id", "parse", "4194316293").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "worker 3\tsequence 5") {
@@ -163,3 +164,21 @@ func main() {
 	}
 	t.Logf("user go.mod:\n%s", gomod)
 }
+
+// userMain is the user's program, on the core, pgstore and natsbroker.
+const userMain = `package main
+
+import (
+	"fmt"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/natsbroker"
+	"github.com/idem-dev/idem/pgstore"
+)
+
+func main() {
+	c, err := pgstore.FromURL("postgres://app@db.example/orders?layout=sharded")
+	var sub natsbroker.SubscriberConfig
+	fmt.Println(idem.StateCompleted, c.Store.Layout, err, sub.Stream == "")
+}
+`
