@@ -16,7 +16,9 @@ import (
 
 // storeTx is a TxBatchHandler over a store and a ledger, the shape a
 // pgstore one has (ClaimBatchTx, effect, CompleteTx in one transaction);
-// memstore has no transactions, which these runtime tests do not need.
+// memstore has no transactions, which these runtime tests do not need:
+// its calls are separate, so a test whose store fails between them makes
+// each call one transaction (outageEnv.storeTx).
 func storeTx(st idem.Store, led *ledger) consumer.TxBatchHandler {
 	return func(ctx context.Context, items []consumer.TxItem) ([]consumer.TxOutcome, error) {
 		reqs := make([]idem.ClaimRequest, len(items))
