@@ -170,9 +170,23 @@ func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*H
 		}
 	}
 	start := g.cfg.clock.Now() // the lease runs from no earlier than this
+	if g.bg.pendingFor(key) {
+		a := g.pendingSettle(ctx, req, start)
+		return a.Held, a.Result, a.Err
+	}
 	c, err := g.store.Claim(ctx, req)
 	a := g.claimed(ctx, req, c, err, start)
 	return a.Held, a.Result, a.Err
+}
+
+// pendingSettle answers a claim of a key whose settle this guard is still
+// recording in the background: in progress, to be asked again after the
+// background's next round, without asking the store (which would let the
+// claim take the lapsed key over and run the effect a second time).
+func (g *Guard) pendingSettle(ctx context.Context, req ClaimRequest, start time.Time) Acquisition {
+	c := Claim{Outcome: OutcomeInProgress, Record: Record{Key: req.Key, State: StateInProgress, LeaseUntil: start.Add(bgBackoffMax)}}
+	g.onClaim(ctx, req, c, nil, start)
+	return Acquisition{Err: &InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil, Lease: bgBackoffMax}}
 }
 
 // BatchItem is one key of AcquireBatch.
@@ -199,14 +213,45 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 	if g.closed.Load() {
 		return nil, errGuardClosed
 	}
-	out := make([]Acquisition, len(items))
 	if g.batch == nil {
+		out := make([]Acquisition, len(items))
 		for i, it := range items {
 			h, r, err := g.Acquire(ctx, it.Key, WithFingerprint(it.Fingerprint))
 			out[i] = Acquisition{Held: h, Result: r, Err: err}
 		}
 		return out, nil
 	}
+	if !g.bg.anyPending() {
+		return g.claimBatch(ctx, items)
+	}
+	// Keys whose settle is still being recorded in the background are in
+	// progress (see pendingSettle); the rest go to the store.
+	out := make([]Acquisition, len(items))
+	rest, idx := make([]BatchItem, 0, len(items)), make([]int, 0, len(items))
+	start := g.cfg.clock.Now()
+	for i, it := range items {
+		if g.bg.pendingFor(it.Key) {
+			out[i] = g.pendingSettle(ctx, ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}, start)
+			continue
+		}
+		rest, idx = append(rest, it), append(idx, i)
+	}
+	if len(rest) == 0 {
+		return out, nil
+	}
+	sub, err := g.claimBatch(ctx, rest)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range idx {
+		out[i] = sub[j]
+	}
+	return out, nil
+}
+
+// claimBatch is AcquireBatch's store round-trip.
+func (g *Guard) claimBatch(ctx context.Context, items []BatchItem) ([]Acquisition, error) {
+	out := make([]Acquisition, len(items))
 	reqs := make([]ClaimRequest, len(items))
 	for i, it := range items {
 		reqs[i] = ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}

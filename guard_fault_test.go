@@ -549,3 +549,82 @@ func TestBackgroundRetryBudgetThenAbandoned(t *testing.T) {
 		return err == nil && h != nil
 	})
 }
+
+// A completion this process could not record yet (the store answered
+// claims but not completions for longer than the lease) must not be
+// overtaken by this same process: a duplicate of the message claimed the
+// lapsed key, took it over and ran the effect a second time (chaos
+// store-restart/mysql/kafka and partition/mysql/nats: "pid 24827 after pid
+// 24827"). While the background holds a settle for the key, Acquire answers
+// in progress; once it is recorded, the duplicate is a replay.
+func TestPendingBackgroundCompletionNotOvertakenInProcess(t *testing.T) {
+	mem := newMem(t)
+	fs := faultstore.New(mem)
+	const lease = 200 * time.Millisecond
+	g := newGuard(t, fs, idem.WithLease(lease))
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
+	fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+	runs := 0
+	effect := func(context.Context) ([]byte, error) { runs++; return []byte("v"), nil }
+	if _, err := g.Do(ctx, []byte("k"), effect); !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v, want ErrUnrecorded", err)
+	}
+	waitUntil(t, "the lease to lapse", func() bool {
+		r, err := mem.Get(ctx, []byte("k"))
+		return err == nil && r.State == idem.StateInProgress && time.Now().After(r.LeaseUntil)
+	})
+	_, err := g.Do(ctx, []byte("k"), effect)
+	var ip *idem.InProgressError
+	if !errors.As(err, &ip) || runs != 1 {
+		t.Fatalf("duplicate while the completion is pending: err %v, runs %d; want in progress, 1 run", err, runs)
+	}
+	if d := ip.RetryAfter(time.Now()); d <= 0 || d > 2*time.Second {
+		t.Fatalf("RetryAfter %v", d)
+	}
+	fs.Clear()
+	waitUntil(t, "the record completed", func() bool {
+		r, err := mem.Get(ctx, []byte("k"))
+		return err == nil && r.State == idem.StateCompleted
+	})
+	waitUntil(t, "the duplicate replayed", func() bool {
+		r, err := g.Do(ctx, []byte("k"), effect)
+		return err == nil && r.Replayed
+	})
+	if runs != 1 {
+		t.Fatalf("effect ran %d times", runs)
+	}
+}
+
+// The same through AcquireBatch: the pending key is in progress, the
+// others of the batch are claimed from the store as usual.
+func TestPendingBackgroundCompletionNotOvertakenInBatch(t *testing.T) {
+	mem := newMem(t)
+	fs := faultstore.New(mem)
+	const lease = 200 * time.Millisecond
+	g := newGuard(t, faultstore.BatchStore{Store: fs}, idem.WithLease(lease))
+	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
+	fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); !errors.Is(err, idem.ErrUnrecorded) {
+		t.Fatalf("err = %v, want ErrUnrecorded", err)
+	}
+	waitUntil(t, "the lease to lapse", func() bool {
+		r, err := mem.Get(ctx, []byte("k"))
+		return err == nil && time.Now().After(r.LeaseUntil)
+	})
+	as, err := g.AcquireBatch(ctx, []idem.BatchItem{{Key: []byte("a")}, {Key: []byte("k")}, {Key: []byte("b")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(as[1].Err, idem.ErrInProgress) || as[1].Held != nil {
+		t.Fatalf("pending key: %+v, want in progress", as[1])
+	}
+	for _, i := range []int{0, 2} {
+		if as[i].Err != nil || as[i].Held == nil {
+			t.Fatalf("item %d: %+v, want acquired", i, as[i])
+		}
+		fs.Clear()
+		if err := as[i].Held.Release(ctx, errors.New("test")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
