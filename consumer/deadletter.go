@@ -99,6 +99,26 @@ func (c *Consumer) deadLetterOne(ctx context.Context, d *delivery, reason string
 // when unguarded), records it and terminates d; a failed publish keeps the
 // claim and holds d.
 func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, reason string, held *idem.Held) []*hold {
+	if held != nil {
+		// The claim may have lapsed since it was taken (this process
+		// stalled, its heartbeats failed) and another delivery may have
+		// taken the dead-letter key over and published: a broker without
+		// dedup by id (Kafka, RabbitMQ) would keep both. A stale holder
+		// learns it here, not at its fenced Complete after publishing.
+		if err := c.renew(ctx, held); err != nil {
+			if lost(held) {
+				return c.deadLetterOne(ctx, d, reason)
+			}
+			return []*hold{{
+				ds: []*delivery{d}, reason: HoldStoreUnavailable, err: err,
+				retry: func(ctx context.Context) []*hold { return c.publishDeadLetter(ctx, d, reason, held) },
+				giveUp: func(ctx context.Context) {
+					_ = held.Release(ctx, err)
+					c.deadLetterFallback(ctx, d, reason)
+				},
+			}}
+		}
+	}
 	dl := c.deadLetterMessage(d.m, reason)
 	pctx, cancel := settling(ctx)
 	err := c.cfg.DeadLetter.Publish(pctx, dl)

@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -277,5 +278,75 @@ func TestHandlerUnavailableHoldIsBounded(t *testing.T) {
 				t.Fatalf("%d dead letters", len(dl))
 			}
 		})
+	}
+}
+
+// dlTakeover is a store on which, right after this process claims a
+// dead-letter key, the process stalls past the lease and another one takes
+// the key over and dead-letters the message (rival.Do): a SIGSTOP between
+// the claim and the publish.
+type dlTakeover struct {
+	idem.Store
+	clk   *manualClock
+	lease time.Duration
+	rival *idem.Guard
+	done  atomic.Bool
+}
+
+func (s *dlTakeover) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, error) {
+	c, err := s.Store.Claim(ctx, req)
+	if err == nil && bytes.HasPrefix(req.Key, []byte("dead-letter:")) && s.done.CompareAndSwap(false, true) {
+		s.clk.Advance(3 * s.lease)
+		if _, rerr := s.rival.Do(ctx, req.Key, func(context.Context) ([]byte, error) { return nil, nil }); rerr != nil {
+			return c, fmt.Errorf("rival: %w", rerr)
+		}
+	}
+	return c, err
+}
+
+// A stale holder of a dead-letter key must not publish: the holder that
+// took it over has published it (chaos mixed/redis/kafka: a consumer
+// SIGSTOPped after claiming the dead-letter key published it again after
+// SIGCONT, and only its Complete was fenced: msg-0029513 twice on a Kafka
+// dead-letter topic, which has no dedup by id). The claim is renewed
+// before the publish.
+func TestStaleDeadLetterHolderDoesNotPublish(t *testing.T) {
+	clk := &manualClock{t: time.Unix(1_800_000_000, 0)}
+	mem, err := memstore.New(memstore.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() })
+	b, err := membroker.New(membroker.Config{AckWait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 2 * time.Second
+	rival, err := idem.NewGuard(mem, idem.WithLease(lease), idem.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rival.Close() })
+	st := &dlTakeover{Store: mem, clk: clk, lease: lease, rival: rival}
+	e := newEnvWith(t, b, st, idem.WithLease(lease), idem.WithClock(clk))
+	cfg := e.config(e.sub("g"))
+	cfg.Workers = 1
+	cfg.DeadLetter = e.b.NewPublisher()
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		return nil, idem.Permanent(errBoom)
+	}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	e.publish(msg("poison", "x"))
+	waitFor(t, "the message settled", func() bool { return e.log.Terms("poison")+e.log.Acks("poison") > 0 })
+	stop()
+	if !st.done.Load() {
+		t.Fatal("the dead-letter key was never claimed")
+	}
+	if n := len(e.b.Published("orders.dead-letter")); n != 0 {
+		t.Fatalf("the stale holder published %d dead letter(s); the rival had published it", n)
 	}
 }
