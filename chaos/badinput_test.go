@@ -559,6 +559,8 @@ func TestBadInputCLI(t *testing.T) {
 		{"negative duration", Config{Duration: -time.Second}, "duration"},
 		{"one consumer", Config{Consumers: 1}, "consumers"},
 		{"dup fraction over 1", Config{DupFraction: 1.5}, "dup fraction"},
+		{"negative workers", Config{Workers: -1}, "workers"},
+		{"too many workers", Config{Workers: 257}, "workers"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()

@@ -150,6 +150,7 @@ func (r *runner) runCell(ctx context.Context, i int, cl Cell) Result {
 	go func() { defer close(superDone); c.supervise(superCtx) }()
 	prodDone := make(chan error, 1)
 	go func() { prodDone <- c.produce(ctx) }()
+	go c.progress(superCtx)
 
 	// Faults start once the consumers receive messages (a Kafka group
 	// takes a few seconds to form), so the first one meets work.
@@ -199,6 +200,7 @@ func (c *cell) setup(ctx context.Context) error {
 		Effect:    EffectFenced,
 		Timing:    c.r.cfg.Timing,
 		Poison:    c.poison,
+		Workers:   c.r.cfg.Workers,
 		Store:     StoreSpec{Kind: c.Store, Name: c.name, DBName: ledgerDB},
 	}
 	// The broker.
@@ -451,6 +453,39 @@ func (c *cell) produce(ctx context.Context) error {
 		}
 	})
 	return ferr
+}
+
+// progress logs, every ProgressEvery, what the producer has committed and
+// how many effects the ledger holds: the cell's throughput while faults
+// run, not only over the whole cell.
+func (c *cell) progress(ctx context.Context) {
+	every := c.r.cfg.ProgressEvery
+	if every <= 0 || c.r.cfg.Progress == nil {
+		return
+	}
+	ob, err := pgoutbox.New(pgoutbox.Config{Pool: c.ledger, Schema: c.name, Table: "outbox", Logger: quiet()})
+	if err != nil {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last, lastAt := int64(0), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var rows int64
+		if err := c.ledger.QueryRow(ctx, `SELECT count(*) FROM `+c.name+`.ledger`).Scan(&rows); err != nil {
+			continue
+		}
+		st, _ := ob.Stats(ctx)
+		now := time.Now()
+		c.logf("progress %s: committed %d/%d, outbox %d pending, ledger %d rows (%.0f/s over the last %s)", now.Sub(c.start).Round(time.Second),
+			c.produced.Load(), c.r.cfg.Messages, st.Pending, rows, float64(rows-last)/now.Sub(lastAt).Seconds(), now.Sub(lastAt).Round(time.Second))
+		last, lastAt = rows, now
+	}
 }
 
 // retry calls f until it succeeds or ctx ends (the servers it talks to

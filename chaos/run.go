@@ -43,6 +43,9 @@ type Config struct {
 	Seed      uint64        // default: from the clock (printed, so a run can be repeated)
 	Consumers int           // consumer processes (default 3)
 	Relays    int           // outbox relay processes (default 2)
+	// Workers is each consumer process's handler concurrency (default:
+	// the consumer runtime's, 16).
+	Workers int
 	// MaxCrashes bounds the named-crash-point deaths per cell (default 6).
 	MaxCrashes int
 	// DupFraction of the originals are published a second time
@@ -60,6 +63,9 @@ type Config struct {
 	Keep bool
 	// Progress receives a line per phase (nil: none).
 	Progress io.Writer
+	// ProgressEvery paces a cell's progress lines (committed, effects in
+	// the ledger, rate) while it runs (0: none).
+	ProgressEvery time.Duration
 	// WorkerBinary is the program started for consumers, relays and the
 	// store server, with IDEM_CHAOS_ROLE set (it must call MaybeWorker
 	// first). Default: this process's own executable.
@@ -138,6 +144,9 @@ func (c Config) Validate() error {
 	}
 	if c.Consumers < 2 || c.Consumers > 16 || c.Relays < 1 || c.Relays > 8 {
 		errs = append(errs, errors.New("consumers must be in [2, 16] and relays in [1, 8]"))
+	}
+	if c.Workers < 0 || c.Workers > 256 {
+		errs = append(errs, fmt.Errorf("workers %d outside [0, 256]", c.Workers))
 	}
 	if c.DupFraction > 1 {
 		errs = append(errs, errors.New("dup fraction > 1"))

@@ -90,6 +90,9 @@ type Spec struct {
 	// Poison: message i is poison when i%Poison == 13 (0: none); half of
 	// them (i%(2*Poison) == 13) fail with idem.Permanent.
 	Poison int `json:"poison"`
+	// Workers is each consumer's handler concurrency (consumer.Config.Workers;
+	// 0: its default, 16).
+	Workers int `json:"workers,omitempty"`
 }
 
 // BrokerSpec says where the messages are.

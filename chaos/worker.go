@@ -224,6 +224,7 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 		Handler:         eff.handle,
 		DeadLetter:      dl,
 		DeadLetterTopic: func(*broker.Message) string { return spec.Broker.DLQ },
+		Workers:         spec.Workers,
 		Logger:          log,
 	}
 	if d := spec.Timing.StoreDownDelay; d > 0 {

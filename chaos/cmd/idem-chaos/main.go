@@ -51,10 +51,12 @@ func run() int {
 	flag.Uint64Var(&cfg.Seed, "seed", 0, "seed (default: from the clock; printed)")
 	flag.IntVar(&cfg.Consumers, "consumers", 3, "consumer processes")
 	flag.IntVar(&cfg.Relays, "relays", 2, "outbox relay processes")
+	flag.IntVar(&cfg.Workers, "workers", 0, "handler concurrency of each consumer process (0: the consumer runtime's default, 16)")
 	flag.IntVar(&cfg.MaxCrashes, "max-crashes", 6, "named-crash-point deaths per cell")
 	flag.BoolVar(&cfg.Strict, "strict", false, "a fault that hit no in-flight work fails its cell (CI)")
 	flag.BoolVar(&cfg.NoNetNS, "no-netns", false, "run workers in the host's network namespace (the partition scenario then fails)")
 	flag.StringVar(&cfg.Dir, "dir", "", "directory for servers' data and workers' logs (default: temporary, removed after a passing run)")
+	flag.DurationVar(&cfg.ProgressEvery, "progress", 0, "log each cell's committed messages, ledger rows and rate this often (0: never)")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the directory after a passing run")
 	flag.Parse()
 	if *list {
