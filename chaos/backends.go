@@ -17,6 +17,7 @@ import (
 	"github.com/idem-dev/idem/natsbroker"
 	"github.com/idem-dev/idem/pgstore"
 	"github.com/idem-dev/idem/redisstore"
+	"github.com/idem-dev/idem/streamsbroker"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -135,8 +136,13 @@ type brokerConn struct {
 	kind    string
 	nc      *nats.Conn
 	js      jetstream.JetStream
+	rc      *redis.Client // streams
 	brokers []string
 	log     *slog.Logger
+	// closers are the subscribers and publishers that must be closed
+	// (streams: a subscriber sends its queued acks and hands its pending
+	// entries back at Close).
+	closers []interface{ Close() error }
 }
 
 func openBroker(ctx context.Context, bs BrokerSpec, log *slog.Logger) (*brokerConn, error) {
@@ -154,6 +160,8 @@ func openBroker(ctx context.Context, bs BrokerSpec, log *slog.Logger) (*brokerCo
 			return nil, err
 		}
 		b.nc, b.js = nc, js
+	case "streams":
+		b.rc = redis.NewClient(&redis.Options{Addr: bs.URL})
 	case "kafka":
 	default:
 		return nil, fmt.Errorf("unknown broker %q", bs.Kind)
@@ -162,7 +170,16 @@ func openBroker(ctx context.Context, bs BrokerSpec, log *slog.Logger) (*brokerCo
 }
 
 func (b *brokerConn) subscriber(ctx context.Context, bs BrokerSpec, t Timing) (broker.Subscriber, error) {
-	if b.kind == "nats" {
+	switch b.kind {
+	case "streams":
+		sub, err := streamsbroker.NewSubscriber(streamsbroker.SubscriberConfig{Client: b.rc, Stream: bs.Topic, Group: bs.Group,
+			AckWait: time.Duration(t.AckWait), Logger: b.log})
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, sub)
+		return sub, nil
+	case "nats":
 		return natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{JS: b.js, Stream: bs.Stream, Durable: bs.Group,
 			FilterSubject: bs.Topic, AckWait: time.Duration(t.AckWait), Logger: b.log})
 	}
@@ -174,14 +191,23 @@ func (b *brokerConn) subscriber(ctx context.Context, bs BrokerSpec, t Timing) (b
 // publisher: dedup false turns JetStream's Nats-Msg-Id dedup off (the
 // producer's duplicates must reach the consumers, as after the window).
 func (b *brokerConn) publisher(dedup bool) (broker.Publisher, error) {
-	if b.kind == "nats" {
+	switch b.kind {
+	case "streams":
+		return streamsbroker.NewPublisher(streamsbroker.PublisherConfig{Client: b.rc, NoDedup: !dedup, Logger: b.log})
+	case "nats":
 		return natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: b.js, NoDedup: !dedup, Logger: b.log})
 	}
 	return kafkabroker.NewPublisher(kafkabroker.PublisherConfig{Brokers: b.brokers, Logger: b.log})
 }
 
 func (b *brokerConn) close() {
+	for _, c := range b.closers {
+		_ = c.Close()
+	}
 	if b.nc != nil {
 		_ = b.nc.Drain()
+	}
+	if b.rc != nil {
+		_ = b.rc.Close()
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/streamsbroker"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -20,6 +22,7 @@ type brokerAdmin struct {
 	bs BrokerSpec
 	kc *kgo.Client
 	ka *kadm.Client
+	ss *streamsbroker.Subscriber // streams: never fetches; its Lag is the group's
 }
 
 func newBrokerAdmin(ctx context.Context, bs BrokerSpec) (*brokerAdmin, error) {
@@ -35,6 +38,14 @@ func newBrokerAdmin(ctx context.Context, bs BrokerSpec) (*brokerAdmin, error) {
 		}
 		a.kc, a.ka = kc, kadm.NewClient(kc)
 	}
+	if bs.Kind == "streams" {
+		ss, err := streamsbroker.NewSubscriber(streamsbroker.SubscriberConfig{Client: b.rc, Stream: bs.Topic, Group: bs.Group, Logger: quiet()})
+		if err != nil {
+			b.close()
+			return nil, err
+		}
+		a.ss = ss
+	}
 	return a, nil
 }
 
@@ -48,7 +59,13 @@ func (a *brokerAdmin) close() {
 // setup makes the cell's stream (NATS: one stream holding the topic and
 // the dead-letter subject) or topics (Kafka: 6 partitions each).
 func (a *brokerAdmin) setup(ctx context.Context) error {
-	if a.kind == "nats" {
+	switch a.kind {
+	case "streams":
+		// The group from the stream's start, as the subscribers would
+		// make it at their first fetch; the dead-letter stream is made by
+		// its first entry.
+		return a.rc.XGroupCreateMkStream(ctx, a.bs.Topic, a.bs.Group, "0").Err()
+	case "nats":
 		_, err := a.js.CreateStream(ctx, jetstream.StreamConfig{Name: a.bs.Stream, Subjects: []string{a.bs.Topic, a.bs.DLQ},
 			Storage: jetstream.FileStorage, Replicas: 1})
 		return err
@@ -79,7 +96,26 @@ func (a *brokerAdmin) deadLetterReasons(ctx context.Context) (map[string]string,
 // readDeadLetters calls each with a header getter for every message on the
 // dead-letter destination, reading it to its end.
 func (a *brokerAdmin) readDeadLetters(ctx context.Context, each func(header func(string) string)) error {
-	if a.kind == "nats" {
+	switch a.kind {
+	case "streams":
+		start := "-"
+		for {
+			page, err := a.rc.XRangeN(ctx, a.bs.DLQ, start, "+", 1000).Result()
+			if err != nil {
+				return err
+			}
+			for _, e := range page {
+				each(func(name string) string {
+					v, _ := e.Values[streamsbroker.FieldHeaderPrefix+name].(string)
+					return v
+				})
+			}
+			if len(page) < 1000 {
+				return nil
+			}
+			start = "(" + page[len(page)-1].ID
+		}
+	case "nats":
 		c, err := a.js.OrderedConsumer(ctx, a.bs.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{a.bs.DLQ}})
 		if err != nil {
 			return err
@@ -154,7 +190,14 @@ func (a *brokerAdmin) readDeadLetters(ctx context.Context, each func(header func
 
 // dlqCount is how many messages the dead-letter destination holds.
 func (a *brokerAdmin) dlqCount(ctx context.Context) (int, error) {
-	if a.kind == "nats" {
+	switch a.kind {
+	case "streams":
+		n, err := a.rc.XLen(ctx, a.bs.DLQ).Result()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		return int(n), err
+	case "nats":
 		s, err := a.js.Stream(ctx, a.bs.Stream)
 		if err != nil {
 			return 0, err
@@ -177,7 +220,22 @@ func (a *brokerAdmin) dlqCount(ctx context.Context) (int, error) {
 // idle reports whether the consumers' group has nothing left: nothing
 // pending or waiting for an ack (NATS), no lag (Kafka).
 func (a *brokerAdmin) idle(ctx context.Context) (bool, string, error) {
-	if a.kind == "nats" {
+	switch a.kind {
+	case "streams":
+		// Pending (delivered, not acked) plus unread entries; and what the
+		// subscribers moved to their own dead-letter stream past
+		// MaxDeliver (the check finds those lost: neither in the ledger
+		// nor on the harness's dead-letter stream).
+		lag, err := a.ss.Lag(ctx)
+		if err != nil {
+			return false, "", err
+		}
+		moved, err := a.rc.XLen(ctx, streamsbroker.DeadLetterStream(a.bs.Topic)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return false, "", err
+		}
+		return lag == 0, fmt.Sprintf("lag %d (pending + unread), %d moved past MaxDeliver", lag, moved), nil
+	case "nats":
 		c, err := a.js.Consumer(ctx, a.bs.Stream, a.bs.Group)
 		if err != nil {
 			return false, "", err

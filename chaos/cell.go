@@ -215,6 +215,14 @@ func (c *cell) setup(ctx context.Context) error {
 		bs.URL = "nats://" + s.Addr()
 		bs.Stream = strings.ToUpper(c.name)
 		bs.Topic, bs.DLQ = "chaos."+c.name+".in", "chaos."+c.name+".dlq"
+	case "streams":
+		s, err := e.streamsServer(ctx)
+		if err != nil {
+			return fmt.Errorf("redis-server (streams): %w", err)
+		}
+		c.brokerSrv = s
+		bs.URL = s.Addr()
+		bs.Topic, bs.DLQ = "chaos."+c.name+".in", "chaos."+c.name+".dlq"
 	case "kafka":
 		k, err := e.kafkaCluster()
 		if err != nil {

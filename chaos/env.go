@@ -32,6 +32,9 @@ type env struct {
 	maria  *servers.Server
 	nats   *servers.Server
 	kafka  *kafkaServer
+	// streams is the Redis Streams broker: a redis-server of its own, so
+	// that a store restart is not a broker restart too.
+	streams *servers.Server
 }
 
 const ledgerDB = "chaos"
@@ -55,7 +58,7 @@ func (e *env) close() {
 	if e.ledger != nil {
 		e.ledger.Close()
 	}
-	for _, s := range []*servers.Server{e.pg, e.redis, e.maria, e.nats} {
+	for _, s := range []*servers.Server{e.pg, e.redis, e.maria, e.nats, e.streams} {
 		if s != nil {
 			_ = s.Close()
 		}
@@ -139,6 +142,22 @@ func (e *env) natsServer(ctx context.Context) (*servers.Server, error) {
 		e.nats = s
 	}
 	return e.nats, nil
+}
+
+// streamsServer is the Redis Streams broker's redis-server (append-only
+// file, appendfsync always: a SIGKILL loses no acknowledged XADD or XACK),
+// where the workers reach the broker.
+func (e *env) streamsServer(ctx context.Context) (*servers.Server, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.streams == nil {
+		s, err := servers.StartRedis(ctx, filepath.Join(e.dir, "streams"), e.brokerHost)
+		if err != nil {
+			return nil, err
+		}
+		e.streams = s
+	}
+	return e.streams, nil
 }
 
 func (e *env) kafkaCluster() (*kafkaServer, error) {

@@ -15,6 +15,7 @@ require (
 	github.com/idem-dev/idem/pgstore v0.1.0
 	github.com/idem-dev/idem/redisstore v0.1.0
 	github.com/idem-dev/idem/storetest v0.1.0
+	github.com/idem-dev/idem/streamsbroker v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0

@@ -366,12 +366,12 @@ func (c *cell) partition(ctx context.Context) {
 }
 
 // outageLength outlasts the lease, the guard's settle window (a lease),
-// and, where the broker stops redelivering after MaxDeliver, MaxDeliver
-// naks of StoreDownDelay.
+// and, where the broker stops redelivering after MaxDeliver (NATS, Redis
+// Streams: 20), MaxDeliver naks of StoreDownDelay.
 func (c *cell) outageLength() time.Duration {
 	t := c.r.cfg.Timing
 	d := 2 * t.lease()
-	if c.Broker == "nats" {
+	if c.Broker == "nats" || c.Broker == "streams" {
 		d = max(d, 20*t.storeDownDelay())
 	}
 	return d + 2*time.Second
