@@ -16,6 +16,7 @@ import (
 	"github.com/idem-dev/idem/mysqlstore"
 	"github.com/idem-dev/idem/natsbroker"
 	"github.com/idem-dev/idem/pgstore"
+	"github.com/idem-dev/idem/rabbitbroker"
 	"github.com/idem-dev/idem/redisstore"
 	"github.com/idem-dev/idem/streamsbroker"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -137,6 +138,7 @@ type brokerConn struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	rc      *redis.Client // streams
+	url     string        // rabbit
 	brokers []string
 	log     *slog.Logger
 	// closers are the subscribers and publishers that must be closed
@@ -162,6 +164,8 @@ func openBroker(ctx context.Context, bs BrokerSpec, log *slog.Logger) (*brokerCo
 		b.nc, b.js = nc, js
 	case "streams":
 		b.rc = redis.NewClient(&redis.Options{Addr: bs.URL})
+	case "rabbit":
+		b.url = bs.URL // each subscriber and publisher has a connection of its own
 	case "kafka":
 	default:
 		return nil, fmt.Errorf("unknown broker %q", bs.Kind)
@@ -174,6 +178,13 @@ func (b *brokerConn) subscriber(ctx context.Context, bs BrokerSpec, t Timing) (b
 	case "streams":
 		sub, err := streamsbroker.NewSubscriber(streamsbroker.SubscriberConfig{Client: b.rc, Stream: bs.Topic, Group: bs.Group,
 			AckWait: time.Duration(t.AckWait), Logger: b.log})
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, sub)
+		return sub, nil
+	case "rabbit":
+		sub, err := rabbitbroker.NewSubscriber(rabbitSubConfig(bs, t, b.log))
 		if err != nil {
 			return nil, err
 		}
@@ -194,10 +205,43 @@ func (b *brokerConn) publisher(dedup bool) (broker.Publisher, error) {
 	switch b.kind {
 	case "streams":
 		return streamsbroker.NewPublisher(streamsbroker.PublisherConfig{Client: b.rc, NoDedup: !dedup, Logger: b.log})
+	case "rabbit":
+		// RabbitMQ has no publish dedup: a relay's re-publish after a
+		// crash reaches the consumers like any duplicate.
+		p, err := rabbitbroker.NewPublisher(rabbitbroker.PublisherConfig{Conn: rabbitConn(b.url, Timing{}, b.log)})
+		if err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, p)
+		return p, nil
 	case "nats":
 		return natsbroker.NewPublisher(natsbroker.PublisherConfig{JS: b.js, NoDedup: !dedup, Logger: b.log})
 	}
 	return kafkabroker.NewPublisher(kafkabroker.PublisherConfig{Brokers: b.brokers, Logger: b.log})
+}
+
+// rabbitConn: the AMQP heartbeat is the timing's ack wait, so a stalled
+// consumer's connection is found dead (two silent heartbeats) and its
+// deliveries requeued within 2 x AckWait (Timing.redelivery).
+func rabbitConn(url string, t Timing, log *slog.Logger) rabbitbroker.Conn {
+	return rabbitbroker.Conn{URL: url, Heartbeat: time.Duration(t.AckWait), Reconnect: rabbitbroker.Backoff{Initial: 200 * time.Millisecond, Max: 2 * time.Second}, Logger: log}
+}
+
+// rabbitSubConfig is the cell's work queue (a quorum queue, delivery limit
+// 20, the adapter's dead-letter exchange and queue for what it terminates)
+// bound to the topic on the adapter's default exchange.
+func rabbitSubConfig(bs BrokerSpec, t Timing, log *slog.Logger) rabbitbroker.SubscriberConfig {
+	return rabbitbroker.SubscriberConfig{Conn: rabbitConn(bs.URL, t, log), Queue: bs.Group, Topics: []string{bs.Topic}}
+}
+
+// rabbitPoisonConfig is the queue the consumers' dead letters (published
+// to the DLQ topic) land in: a classic durable queue. A quorum queue
+// declared seconds before a SIGKILL of this single node was found without
+// a leader for good after the restart (RabbitMQ 3.10.8: "leader not
+// known"; the consumers held the dead letters they could not publish);
+// the harness's own destination need not depend on that.
+func rabbitPoisonConfig(bs BrokerSpec, log *slog.Logger) rabbitbroker.SubscriberConfig {
+	return rabbitbroker.SubscriberConfig{Conn: rabbitConn(bs.URL, Timing{}, log), Queue: bs.Group + ".poison", Topics: []string{bs.DLQ}, Classic: true}
 }
 
 func (b *brokerConn) close() {

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/consumer"
+	"github.com/idem-dev/idem/rabbitbroker"
 	"github.com/idem-dev/idem/streamsbroker"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -60,6 +62,14 @@ func (a *brokerAdmin) close() {
 // the dead-letter subject) or topics (Kafka: 6 partitions each).
 func (a *brokerAdmin) setup(ctx context.Context) error {
 	switch a.kind {
+	case "rabbit":
+		// The work queue (and the adapter's dead-letter and delay
+		// queues' exchange) and the queue the consumers' dead letters go
+		// to, before anything is published.
+		if err := rabbitbroker.Declare(ctx, rabbitSubConfig(a.bs, Timing{}, quiet())); err != nil {
+			return err
+		}
+		return rabbitbroker.Declare(ctx, rabbitPoisonConfig(a.bs, quiet()))
 	case "streams":
 		// The group from the stream's start, as the subscribers would
 		// make it at their first fetch; the dead-letter stream is made by
@@ -97,6 +107,21 @@ func (a *brokerAdmin) deadLetterReasons(ctx context.Context) (map[string]string,
 // dead-letter destination, reading it to its end.
 func (a *brokerAdmin) readDeadLetters(ctx context.Context, each func(header func(string) string)) error {
 	switch a.kind {
+	case "rabbit":
+		// basic.get without ack until the queue is empty; closing the
+		// connection puts them all back.
+		return a.rabbit(func(ch *amqp.Channel) error {
+			for {
+				d, ok, err := ch.Get(rabbitPoisonConfig(a.bs, nil).Queue, false)
+				if err != nil || !ok {
+					return err
+				}
+				each(func(name string) string {
+					v, _ := d.Headers[name].(string)
+					return v
+				})
+			}
+		})
 	case "streams":
 		start := "-"
 		for {
@@ -188,9 +213,32 @@ func (a *brokerAdmin) readDeadLetters(ctx context.Context, each func(header func
 	return nil
 }
 
+// rabbit runs f on a channel of a new connection (the node may have been
+// restarted since the last call), closed after.
+func (a *brokerAdmin) rabbit(f func(*amqp.Channel) error) error {
+	c, err := amqp.DialConfig(a.bs.URL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		return err
+	}
+	return f(ch)
+}
+
 // dlqCount is how many messages the dead-letter destination holds.
 func (a *brokerAdmin) dlqCount(ctx context.Context) (int, error) {
 	switch a.kind {
+	case "rabbit":
+		n := 0
+		err := a.rabbit(func(ch *amqp.Channel) error {
+			q, err := ch.QueueDeclarePassive(rabbitPoisonConfig(a.bs, nil).Queue, true, false, false, false, nil)
+			n = q.Messages
+			return err
+		})
+		return n, err
 	case "streams":
 		n, err := a.rc.XLen(ctx, a.bs.DLQ).Result()
 		if errors.Is(err, redis.Nil) {
@@ -221,6 +269,37 @@ func (a *brokerAdmin) dlqCount(ctx context.Context) (int, error) {
 // pending or waiting for an ack (NATS), no lag (Kafka).
 func (a *brokerAdmin) idle(ctx context.Context) (bool, string, error) {
 	switch a.kind {
+	case "rabbit":
+		// Ready in the work queue and waiting in its delay queues (nak'ed
+		// with a delay). Deliveries unacked by a live consumer are in its
+		// counters (the drain requires none); a dead one's are requeued
+		// when the broker sees its connection close.
+		cfg := rabbitSubConfig(a.bs, Timing{}, nil)
+		var ready, delayed, dead int
+		err := a.rabbit(func(ch *amqp.Channel) error {
+			q, err := ch.QueueDeclarePassive(cfg.Queue, true, false, false, false, nil)
+			if err != nil {
+				return err
+			}
+			ready = q.Messages
+			if q, err := ch.QueueDeclarePassive(cfg.Queue+".dlq", true, false, false, false, nil); err == nil {
+				dead = q.Messages
+			}
+			return nil
+		})
+		if err != nil {
+			return false, "", err
+		}
+		for _, b := range rabbitbroker.DefaultDelayBuckets {
+			// A delay queue not declared yet is a 404, which closes
+			// the channel: one channel each.
+			_ = a.rabbit(func(ch *amqp.Channel) error {
+				q, err := ch.QueueDeclarePassive(cfg.DelayQueue(b), true, false, false, false, nil)
+				delayed += q.Messages
+				return err
+			})
+		}
+		return ready+delayed == 0, fmt.Sprintf("%d ready, %d in delay queues, %d terminated into the adapter's dead-letter queue", ready, delayed, dead), nil
 	case "streams":
 		// Pending (delivered, not acked) plus unread entries; and what the
 		// subscribers moved to their own dead-letter stream past

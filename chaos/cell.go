@@ -223,6 +223,15 @@ func (c *cell) setup(ctx context.Context) error {
 		c.brokerSrv = s
 		bs.URL = s.Addr()
 		bs.Topic, bs.DLQ = "chaos."+c.name+".in", "chaos."+c.name+".dlq"
+	case "rabbit":
+		s, err := e.rabbitNode(ctx)
+		if err != nil {
+			return fmt.Errorf("rabbitmq-server: %w", err)
+		}
+		c.brokerSrv = s
+		bs.URL = "amqp://guest:guest@" + s.Addr() + "/"
+		bs.Group = "chaos." + c.name + ".work" // queues are per node: one per cell
+		bs.Topic, bs.DLQ = "chaos."+c.name+".in", "chaos."+c.name+".dlq"
 	case "kafka":
 		k, err := e.kafkaCluster()
 		if err != nil {
@@ -339,7 +348,14 @@ func (c *cell) crashEnv(role string) func() string {
 		// batches of up to 50 rows, a consumer handles its share.
 		cfg := c.r.cfg
 		if point == AfterPublish {
-			return fmt.Sprintf("%s@%d", point, c.intn(2, max(4, cfg.Messages/50/cfg.Relays)))
+			// The fewest batches a relay publishes: its share of the
+			// messages in batches of the relay's default size (256).
+			// Batches of 50 (the producer's transactions) set the bound
+			// before: a relay publishing fewer, larger batches while the
+			// producer ran ahead never reached its crash point
+			// (crash-after-publish/redis/kafka, 20,000 messages, no
+			// crash).
+			return fmt.Sprintf("%s@%d", point, c.intn(2, max(4, cfg.Messages/outbox.DefaultBatchSize/cfg.Relays)))
 		}
 		return fmt.Sprintf("%s@%d", point, c.intn(10, max(20, cfg.Messages/cfg.Consumers)))
 	}

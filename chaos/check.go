@@ -18,25 +18,30 @@ import (
 // Result is a cell's verdict.
 type Result struct {
 	Cell
-	Seed          uint64   `json:"seed"`
-	Messages      int      `json:"messages"`      // originals committed to the outbox
-	DupPublishes  int64    `json:"dup_publishes"` // published a second time by the producer
-	Poison        int      `json:"poison"`        // poison messages among them
-	Faults        []Fault  `json:"faults"`        // what was injected, and what each hit
-	Injected      int      `json:"faults_injected"`
-	Hit           int      `json:"faults_hit"`
-	DupDeliveries int64    `json:"duplicate_deliveries"` // deliveries of keys already completed (acked without running)
-	DupEffects    int      `json:"duplicate_effects"`    // effects beyond one per message (must be 0)
-	Lost          int      `json:"lost"`                 // messages with no effect and no dead letter (must be 0)
-	Reruns        int      `json:"reruns_after_fault"`   // effects a killed/stalled holder applied without completing, found by the next one
-	Fenced        int64    `json:"fenced"`               // effects of stale holders refused, and leases found lost
-	DeadLettered  int      `json:"dead_lettered"`
-	Requeued      int64    `json:"outbox_requeued"` // outbox rows failed by the relay and re-queued by the harness
-	Stuck         int      `json:"stuck"`           // keys in progress past their lease after the drain
-	MsgsPerSec    float64  `json:"msgs_per_sec"`
-	Elapsed       float64  `json:"elapsed_s"`
-	Pass          bool     `json:"pass"`
-	Problems      []string `json:"problems,omitempty"`
+	Seed          uint64  `json:"seed"`
+	Messages      int     `json:"messages"`      // originals committed to the outbox
+	DupPublishes  int64   `json:"dup_publishes"` // published a second time by the producer
+	Poison        int     `json:"poison"`        // poison messages among them
+	Faults        []Fault `json:"faults"`        // what was injected, and what each hit
+	Injected      int     `json:"faults_injected"`
+	Hit           int     `json:"faults_hit"`
+	DupDeliveries int64   `json:"duplicate_deliveries"` // deliveries of keys already completed (acked without running)
+	DupEffects    int     `json:"duplicate_effects"`    // effects beyond one per message (must be 0)
+	Lost          int     `json:"lost"`                 // messages with no effect and no dead letter (must be 0)
+	Reruns        int     `json:"reruns_after_fault"`   // effects a killed/stalled holder applied without completing, found by the next one
+	// RerunsUnrecorded: of Reruns, those whose first holder had acked the
+	// message with its completion unrecorded (idem.ErrUnrecorded).
+	RerunsUnrecorded int `json:"reruns_after_unrecorded"`
+	// Unrecorded: messages acked with their completion unrecorded.
+	Unrecorded   int64    `json:"unrecorded"`
+	Fenced       int64    `json:"fenced"` // effects of stale holders refused, and leases found lost
+	DeadLettered int      `json:"dead_lettered"`
+	Requeued     int64    `json:"outbox_requeued"` // outbox rows failed by the relay and re-queued by the harness
+	Stuck        int      `json:"stuck"`           // keys in progress past their lease after the drain
+	MsgsPerSec   float64  `json:"msgs_per_sec"`
+	Elapsed      float64  `json:"elapsed_s"`
+	Pass         bool     `json:"pass"`
+	Problems     []string `json:"problems,omitempty"`
 }
 
 // Line is a one-line summary.
@@ -75,6 +80,7 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 	}
 	res.DupDeliveries = tot[shm.Duplicates]
 	res.Fenced = tot[shm.Fenced] + tot[shm.LeaseLost]
+	res.Unrecorded = tot[shm.Unrecorded]
 
 	// The ledger: every message's effect exactly once, with its payload.
 	count := map[string]int{}
@@ -154,8 +160,13 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 	report("good messages dead-lettered", goodDead)
 
 	// Effects a previous holder applied without completing: expected only
-	// after a fault took that holder's claims (killed, crashed, stalled).
-	rr, err := c.ledger.Query(ctx, `SELECT msg_id, old_pid, pid FROM `+c.name+`.rerun`)
+	// after a fault took that holder's claims (killed, crashed, stalled),
+	// or after that holder acked the message with its completion
+	// unrecorded (idem.ErrUnrecorded: a store fault kept the completion
+	// from being recorded within the lease; a redelivery after the lease
+	// runs the handler again, which the fence row absorbs).
+	rr, err := c.ledger.Query(ctx, `SELECT r.msg_id, r.old_pid, r.pid, EXISTS (SELECT 1 FROM `+c.name+`.unrecorded u
+		WHERE u.msg_id = r.msg_id AND u.pid = r.old_pid) FROM `+c.name+`.rerun r`)
 	if err != nil {
 		c.problem("read reruns: %v", err)
 	} else {
@@ -163,16 +174,21 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 		for rr.Next() {
 			var id string
 			var oldPid, pid int
-			if err := rr.Scan(&id, &oldPid, &pid); err != nil {
+			var unrecorded bool
+			if err := rr.Scan(&id, &oldPid, &pid, &unrecorded); err != nil {
 				c.problem("read reruns: %v", err)
 				break
 			}
 			c.fmu.Lock()
 			why := c.faultPids[oldPid]
 			c.fmu.Unlock()
-			if why != "" {
+			switch {
+			case why != "":
 				res.Reruns++
-			} else {
+			case unrecorded:
+				res.Reruns++
+				res.RerunsUnrecorded++
+			default:
 				bad = append(bad, fmt.Sprintf("%s (pid %d after pid %d, which no fault touched)", id, pid, oldPid))
 			}
 		}

@@ -35,7 +35,9 @@ CREATE TABLE ` + schema + `.ledger (msg_id text NOT NULL, payload bytea, token n
 CREATE TABLE ` + schema + `.fence (msg_id text PRIMARY KEY, token numeric(20) NOT NULL, pid int NOT NULL,
 	at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE ` + schema + `.rerun (msg_id text NOT NULL, old_token numeric(20) NOT NULL, old_pid int NOT NULL,
-	old_at timestamptz NOT NULL, token numeric(20) NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`
+	old_at timestamptz NOT NULL, token numeric(20) NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE ` + schema + `.unrecorded (msg_id text NOT NULL, pid int NOT NULL, err text NOT NULL,
+	at timestamptz NOT NULL DEFAULT clock_timestamp())`
 }
 
 // effect is the consumers' handler: poison and flaky messages fail, the
@@ -47,8 +49,11 @@ type effect struct {
 	ran   *sync.Map // messages whose effect this process applied, for AfterComplete
 	pid   int
 	st    *storeConn
-	pool  *pgxpool.Pool // the ledger's
-	tried sync.Map      // flaky ids that failed once here
+	pool  *pgxpool.Pool // the ledger's (pg: the store's pool, through the proxy)
+	// ledgerPool reaches the ledger directly (never through the store's
+	// proxy).
+	ledgerPool *pgxpool.Pool
+	tried      sync.Map // flaky ids that failed once here
 }
 
 func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) {
@@ -56,6 +61,11 @@ func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) 
 	defer e.ctr.Add(shm.InHandler, -1)
 	e.crash.at(AfterClaim)
 	if i, ok := e2etest.Index(m.ID); ok {
+		// A message held now, for the stall: it waits for another
+		// holder to take this one over.
+		held := int64(i) + 1
+		e.ctr.Set(shm.HeldIdx, held)
+		defer e.ctr.CompareAndSwap(shm.HeldIdx, held, 0)
 		switch {
 		case isPermanent(i, e.spec.Poison):
 			e.ctr.Add(shm.Poisoned, 1)
@@ -95,6 +105,20 @@ func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) 
 	}
 	e.ran.Store(m, true)
 	return nil, nil
+}
+
+// unrecorded records that this process acked m with its completion
+// unrecorded (consumer.Hooks.OnUnrecorded). The ledger is not the faulted
+// store, but it is retried for a while all the same: a re-run the check
+// cannot match to a row here is a duplicate effect.
+func (e *effect) unrecorded(ctx context.Context, ev consumer.UnrecordedEvent) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	_ = retry(ctx, func() error {
+		_, err := e.ledgerPool.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.unrecorded (msg_id, pid, err) VALUES ($1, $2, $3)`,
+			ev.Msg.ID, e.pid, fmt.Sprint(ev.Err))
+		return err
+	})
 }
 
 func (e *effect) insert(ctx context.Context, tx pgx.Tx, m *broker.Message, token uint64) error {

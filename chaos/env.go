@@ -35,6 +35,7 @@ type env struct {
 	// streams is the Redis Streams broker: a redis-server of its own, so
 	// that a store restart is not a broker restart too.
 	streams *servers.Server
+	rabbit  *servers.Server // a RabbitMQ node of the run's own
 }
 
 const ledgerDB = "chaos"
@@ -58,7 +59,7 @@ func (e *env) close() {
 	if e.ledger != nil {
 		e.ledger.Close()
 	}
-	for _, s := range []*servers.Server{e.pg, e.redis, e.maria, e.nats, e.streams} {
+	for _, s := range []*servers.Server{e.pg, e.redis, e.maria, e.nats, e.streams, e.rabbit} {
 		if s != nil {
 			_ = s.Close()
 		}
@@ -158,6 +159,19 @@ func (e *env) streamsServer(ctx context.Context) (*servers.Server, error) {
 		e.streams = s
 	}
 	return e.streams, nil
+}
+
+func (e *env) rabbitNode(ctx context.Context) (*servers.Server, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.rabbit == nil {
+		s, err := servers.StartRabbit(ctx, filepath.Join(e.dir, "rabbit"), e.brokerHost)
+		if err != nil {
+			return nil, err
+		}
+		e.rabbit = s
+	}
+	return e.rabbit, nil
 }
 
 func (e *env) kafkaCluster() (*kafkaServer, error) {

@@ -13,12 +13,14 @@ require (
 	github.com/idem-dev/idem/mysqlstore v0.1.0
 	github.com/idem-dev/idem/natsbroker v0.1.0
 	github.com/idem-dev/idem/pgstore v0.1.0
+	github.com/idem-dev/idem/rabbitbroker v0.1.0
 	github.com/idem-dev/idem/redisstore v0.1.0
 	github.com/idem-dev/idem/storetest v0.1.0
 	github.com/idem-dev/idem/streamsbroker v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.35.1
 	github.com/twmb/franz-go v1.22.3

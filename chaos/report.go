@@ -13,15 +13,15 @@ import (
 // lost, msgs/s; then each cell's faults and problems.
 func WriteTable(w io.Writer, rs []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstore\tbroker\tmessages\tfaults (hit)\tdup deliveries\tdup effects\tlost\treruns after fault\tfenced\tdead letters\tmsgs/s\tresult\t")
+	fmt.Fprintln(tw, "scenario\tstore\tbroker\tmessages\tfaults (hit)\tdup deliveries\tdup effects\tlost\treruns after fault\tfenced\tdead letters\tunrecorded (reruns)\tmsgs/s\tresult\t")
 	var tot Result
 	for _, r := range rs {
 		v := "pass"
 		if !r.Pass {
 			v = "FAIL"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t\n", r.Scenario, r.Store, r.Broker, r.Messages,
-			r.Injected, r.Hit, r.DupDeliveries, r.DupEffects, r.Lost, r.Reruns, r.Fenced, r.DeadLettered, r.MsgsPerSec, v)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t%s\t\n", r.Scenario, r.Store, r.Broker, r.Messages,
+			r.Injected, r.Hit, r.DupDeliveries, r.DupEffects, r.Lost, r.Reruns, r.Fenced, r.DeadLettered, r.Unrecorded, r.RerunsUnrecorded, r.MsgsPerSec, v)
 		tot.Messages += r.Messages
 		tot.Injected += r.Injected
 		tot.Hit += r.Hit
@@ -31,6 +31,8 @@ func WriteTable(w io.Writer, rs []Result) error {
 		tot.Reruns += r.Reruns
 		tot.Fenced += r.Fenced
 		tot.DeadLettered += r.DeadLettered
+		tot.Unrecorded += r.Unrecorded
+		tot.RerunsUnrecorded += r.RerunsUnrecorded
 		tot.Elapsed += r.Elapsed
 	}
 	if len(rs) > 1 {
@@ -38,8 +40,8 @@ func WriteTable(w io.Writer, rs []Result) error {
 		if tot.Elapsed > 0 {
 			rate = float64(tot.Messages) / tot.Elapsed
 		}
-		fmt.Fprintf(tw, "total\t\t\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%.0f\t\t\n", tot.Messages, tot.Injected, tot.Hit,
-			tot.DupDeliveries, tot.DupEffects, tot.Lost, tot.Reruns, tot.Fenced, tot.DeadLettered, rate)
+		fmt.Fprintf(tw, "total\t\t\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t\t\n", tot.Messages, tot.Injected, tot.Hit,
+			tot.DupDeliveries, tot.DupEffects, tot.Lost, tot.Reruns, tot.Fenced, tot.DeadLettered, tot.Unrecorded, tot.RerunsUnrecorded, rate)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -18,7 +18,7 @@ import (
 // Stores and Brokers the harness runs on.
 var (
 	Stores  = []string{"bolt", "pg", "redis", "mysql"}
-	Brokers = []string{"nats", "kafka", "streams"}
+	Brokers = []string{"nats", "kafka", "streams", "rabbit"}
 )
 
 // Cell is one scenario on one store and one broker.

@@ -7,7 +7,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/chaos/internal/shm"
+	"github.com/idem-dev/idem/e2etest"
 )
 
 // Fault is one fault injected into a cell, and whether it hit in-flight
@@ -238,6 +240,7 @@ func (c *cell) stall(ctx context.Context) {
 		c.problem("stop %s: %v", w.name, err)
 		return
 	}
+	stopped := time.Now()
 	time.Sleep(5 * time.Millisecond)
 	before := inc.ctr.Snapshot()
 	c.markPid(inc.pid, "stalled")
@@ -251,6 +254,14 @@ func (c *cell) stall(ctx context.Context) {
 	}
 	// Not ctx: the stall must outlast the lease whatever the loop says.
 	time.Sleep(d)
+	// Then, under load, until another holder has completed a message the
+	// stopped process holds (its effect will be refused after SIGCONT):
+	// how soon the broker hands it over and a consumer reaches it is not
+	// a time the harness can derive.
+	takeover := ""
+	if idx := before[shm.HeldIdx]; idx > 0 {
+		takeover = c.awaitTakeover(e2etest.ID(int(idx-1)), 2*d+30*time.Second)
+	}
 	_ = inc.signal(syscall.SIGCONT)
 	fenced := func() int64 {
 		v := inc.ctr.Snapshot()
@@ -258,8 +269,31 @@ func (c *cell) stall(ctx context.Context) {
 	}
 	waitFor(context.Background(), t.lease()+5*time.Second, func() bool { return fenced() > 0 || inc.exited() })
 	c.addFault(Fault{Kind: "sigstop", Target: w.name, Hit: before[shm.InHandler] > 0,
-		Evidence: fmt.Sprintf("pid %d stopped %s holding %d claims in handlers; after SIGCONT %d of its effects fenced or leases found lost",
-			inc.pid, d.Round(time.Millisecond), before[shm.InHandler], fenced())})
+		Evidence: fmt.Sprintf("pid %d stopped %s holding %d claims in handlers%s; after SIGCONT %d of its effects fenced or leases found lost",
+			inc.pid, time.Since(stopped).Round(time.Millisecond), before[shm.InHandler], takeover, fenced())})
+}
+
+// awaitTakeover waits up to d for the record of key to be completed (or
+// failed) by another holder, read from the store's own address; it says
+// what it saw.
+func (c *cell) awaitTakeover(key string, d time.Duration) string {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	st, err := openStore(ctx, c.spec, c.storeAddr)
+	if err != nil {
+		return fmt.Sprintf(" (%s: store not readable: %v)", key, err)
+	}
+	defer st.close()
+	start := time.Now()
+	for {
+		rec, err := st.store.Get(ctx, []byte(key))
+		if err == nil && (rec.State == idem.StateCompleted || rec.State == idem.StateFailed) {
+			return fmt.Sprintf(" (%s among them, %s by another holder %s after the minimum stall)", key, rec.State, time.Since(start).Round(time.Millisecond))
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return fmt.Sprintf(" (%s among them, not taken over %s after the minimum stall)", key, time.Since(start).Round(time.Millisecond))
+		}
+	}
 }
 
 func (c *cell) restartStore(ctx context.Context) {
@@ -300,8 +334,12 @@ func (c *cell) restartBroker(ctx context.Context) {
 		c.problem("restart broker: %v", err)
 		return
 	}
+	how := ""
+	if c.Broker == "rabbit" {
+		how = " (stopped with SIGTERM, not SIGKILL: docs/reliability.md)"
+	}
 	c.addFault(Fault{Kind: "broker restart", Target: c.Broker, Hit: v[shm.Unsettled] > 0,
-		Evidence: fmt.Sprintf("%d deliveries unsettled, %d claims in handlers when it died; down %s", v[shm.Unsettled], v[shm.InHandler], down.Round(time.Millisecond))})
+		Evidence: fmt.Sprintf("%d deliveries unsettled, %d claims in handlers when it died; down %s%s", v[shm.Unsettled], v[shm.InHandler], down.Round(time.Millisecond), how)})
 }
 
 var toxics = []struct {
@@ -367,11 +405,12 @@ func (c *cell) partition(ctx context.Context) {
 
 // outageLength outlasts the lease, the guard's settle window (a lease),
 // and, where the broker stops redelivering after MaxDeliver (NATS, Redis
-// Streams: 20), MaxDeliver naks of StoreDownDelay.
+// Streams: 20; RabbitMQ's quorum queue: a delivery limit of 20),
+// MaxDeliver naks of StoreDownDelay.
 func (c *cell) outageLength() time.Duration {
 	t := c.r.cfg.Timing
 	d := 2 * t.lease()
-	if c.Broker == "nats" || c.Broker == "streams" {
+	if c.Broker == "nats" || c.Broker == "streams" || c.Broker == "rabbit" {
 		d = max(d, 20*t.storeDownDelay())
 	}
 	return d + 2*time.Second

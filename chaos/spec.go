@@ -161,8 +161,17 @@ func or(d Duration, def time.Duration) time.Duration {
 // redelivery is how long the broker takes to hand a dead or stalled
 // consumer's messages to another one.
 func (t Timing) redelivery(broker string) time.Duration {
-	if broker == "kafka" {
+	switch broker {
+	case "kafka":
 		return t.session()
+	case "rabbit":
+		// The broker requeues a stalled consumer's deliveries when it
+		// finds its connection dead: two heartbeats (AckWait, default
+		// 10 s) without a word.
+		if t.AckWait == 0 {
+			return 20 * time.Second
+		}
+		return 2 * t.ackWait()
 	}
 	return t.ackWait()
 }

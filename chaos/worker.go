@@ -208,15 +208,14 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 	}
 	ran := new(sync.Map)
 	eff := &effect{spec: spec, ctr: ctr, crash: crash, ran: ran, pid: os.Getpid(), st: st}
+	pool, err := newPool(ctx, spec.LedgerURL, 16)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	eff.pool, eff.ledgerPool = pool, pool
 	if spec.Effect == EffectTx {
 		eff.pool = st.pool
-	} else {
-		pool, err := newPool(ctx, spec.LedgerURL, 16)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		eff.pool = pool
 	}
 	cfg := consumer.Config{
 		Subscriber:      wrapSubscriber(sub, ctr, crash, ran),
@@ -224,6 +223,7 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 		Handler:         eff.handle,
 		DeadLetter:      dl,
 		DeadLetterTopic: func(*broker.Message) string { return spec.Broker.DLQ },
+		Hooks:           consumer.Hooks{OnUnrecorded: eff.unrecorded},
 		Workers:         spec.Workers,
 		Logger:          log,
 	}

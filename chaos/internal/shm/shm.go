@@ -46,13 +46,14 @@ const (
 	CrashUnsettled             // Unsettled when the crash point fired
 	ClockOffset                // the fake clock offset in ms this worker runs with
 	Ready                      // 1 once the worker consumes (or relays, or serves)
+	HeldIdx                    // consumer: 1 + the index of a message a handler holds now (0: none known)
 	NSlots
 )
 
 var names = [...]string{"pid", "alive", "fetched", "unsettled", "in_handler", "effects", "fenced", "reruns",
 	"lease_lost", "store_errors", "duplicates", "naked", "dead_lettered", "handled", "unrecorded", "acks",
 	"claims", "claim_errors", "poisoned", "flaked", "relay_claimed", "relay_published", "relay_errors",
-	"crash_point", "crash_held", "crash_unsettled", "clock_offset_ms", "ready"}
+	"crash_point", "crash_held", "crash_unsettled", "clock_offset_ms", "ready", "held_idx"}
 
 func (s Slot) String() string {
 	if s >= 0 && int(s) < len(names) {
@@ -101,6 +102,11 @@ func (f *File) Add(s Slot, d int64) int64 { return atomic.AddInt64(f.p(s), d) }
 
 // Set stores v in slot s.
 func (f *File) Set(s Slot, v int64) { atomic.StoreInt64(f.p(s), v) }
+
+// CompareAndSwap sets slot s to new if it holds old.
+func (f *File) CompareAndSwap(s Slot, old, new int64) bool {
+	return atomic.CompareAndSwapInt64(f.p(s), old, new)
+}
 
 // Get reads slot s.
 func (f *File) Get(s Slot) int64 { return atomic.LoadInt64(f.p(s)) }
