@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/rabbitbroker"
 	"github.com/idem-dev/idem/streamsbroker"
@@ -90,9 +91,28 @@ func (a *brokerAdmin) setup(ctx context.Context) error {
 // deadLetters reads the whole dead-letter destination: original id ->
 // copies.
 func (a *brokerAdmin) deadLetters(ctx context.Context) (map[string]int, error) {
-	out := map[string]int{}
-	err := a.readDeadLetters(ctx, func(h func(string) string) { out[h(consumer.HeaderOriginalID)]++ })
+	out, _, err := a.deadLetterCopies(ctx)
 	return out, err
+}
+
+// deadLetterCopies reads the whole dead-letter destination: original id
+// -> copies, and original id -> the dead-letter messages' own ids (the
+// consumer derives one id per message, so a republish of the same dead
+// letter carries the same id), where the reader sees it as a header
+// (Kafka, RabbitMQ; elsewhere the second map is empty).
+func (a *brokerAdmin) deadLetterCopies(ctx context.Context) (map[string]int, map[string]map[string]bool, error) {
+	out, ids := map[string]int{}, map[string]map[string]bool{}
+	err := a.readDeadLetters(ctx, func(h func(string) string) {
+		orig := h(consumer.HeaderOriginalID)
+		out[orig]++
+		if id := h(broker.HeaderMessageID); id != "" {
+			if ids[orig] == nil {
+				ids[orig] = map[string]bool{}
+			}
+			ids[orig][id] = true
+		}
+	})
+	return out, ids, err
 }
 
 // deadLetterReasons reads the dead-letter destination: original id ->

@@ -47,7 +47,7 @@ func WriteTable(w io.Writer, rs []Result) error {
 		return err
 	}
 	for _, r := range rs {
-		if len(r.Faults) == 0 && len(r.Problems) == 0 {
+		if len(r.Faults) == 0 && len(r.Problems) == 0 && r.DeadLetterRepublished == 0 {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s / %s / %s (seed %d):\n", r.Scenario, r.Store, r.Broker, r.Seed)
@@ -57,6 +57,9 @@ func WriteTable(w io.Writer, rs []Result) error {
 				hit = "HIT NOTHING"
 			}
 			fmt.Fprintf(w, "  %8s  %-22s %-11s %-11s %s\n", f.At, f.Kind, f.Target, hit, f.Evidence)
+		}
+		if r.DeadLetterRepublished > 0 {
+			fmt.Fprintf(w, "  note: %d dead letters published again with the same dead-letter id (the broker has no publish dedup)\n", r.DeadLetterRepublished)
 		}
 		for _, p := range r.Problems {
 			fmt.Fprintf(w, "  problem: %s\n", strings.TrimSpace(p))

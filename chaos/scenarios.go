@@ -368,7 +368,16 @@ func (c *cell) toxic(ctx context.Context) {
 		return
 	}
 	d := c.between(tx.min, tx.max)
+	began := time.Now()
 	time.Sleep(d)
+	if tx.errs {
+		// A fault that must cut calls stays until one was cut (a loaded
+		// machine may send nothing to the store for a while), up to 3 s
+		// more; it hit nothing otherwise. Not ctx: the loop's end does
+		// not end a fault.
+		waitFor(context.Background(), 3*time.Second, func() bool { return storeErrs(c.live()) > storeErrs(v) })
+		d = time.Since(began)
+	}
 	c.proxy.Clear()
 	// A call stuck behind the toxic fails when the client gives up on it
 	// (the store clients' own timeouts, up to ~10 s).
