@@ -106,72 +106,43 @@ func (e *env) pgAddr() string {
 	return net.JoinHostPort(e.brokerHost, strconv.Itoa(e.pg.Port))
 }
 
-func (e *env) redisServer(ctx context.Context) (*servers.Server, error) {
+// server starts the run's server *slot on first use (start(ctx, dir,
+// host)) and returns it.
+func (e *env) server(ctx context.Context, slot **servers.Server, name, host string,
+	start func(ctx context.Context, dir, host string) (*servers.Server, error)) (*servers.Server, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.redis == nil {
-		s, err := servers.StartRedis(ctx, filepath.Join(e.dir, "redis"), "127.0.0.1")
+	if *slot == nil {
+		s, err := start(ctx, filepath.Join(e.dir, name), host)
 		if err != nil {
 			return nil, err
 		}
-		e.redis = s
+		*slot = s
 	}
-	return e.redis, nil
+	return *slot, nil
+}
+
+func (e *env) redisServer(ctx context.Context) (*servers.Server, error) {
+	return e.server(ctx, &e.redis, "redis", "127.0.0.1", servers.StartRedis)
 }
 
 func (e *env) mariadb(ctx context.Context) (*servers.Server, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.maria == nil {
-		s, err := servers.StartMariaDB(ctx, filepath.Join(e.dir, "mariadb"), "127.0.0.1")
-		if err != nil {
-			return nil, err
-		}
-		e.maria = s
-	}
-	return e.maria, nil
+	return e.server(ctx, &e.maria, "mariadb", "127.0.0.1", servers.StartMariaDB)
 }
 
 func (e *env) natsServer(ctx context.Context) (*servers.Server, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.nats == nil {
-		s, err := servers.StartNATS(ctx, filepath.Join(e.dir, "nats"), e.brokerHost)
-		if err != nil {
-			return nil, err
-		}
-		e.nats = s
-	}
-	return e.nats, nil
+	return e.server(ctx, &e.nats, "nats", e.brokerHost, servers.StartNATS)
 }
 
 // streamsServer is the Redis Streams broker's redis-server (append-only
 // file, appendfsync always: a SIGKILL loses no acknowledged XADD or XACK),
 // where the workers reach the broker.
 func (e *env) streamsServer(ctx context.Context) (*servers.Server, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.streams == nil {
-		s, err := servers.StartRedis(ctx, filepath.Join(e.dir, "streams"), e.brokerHost)
-		if err != nil {
-			return nil, err
-		}
-		e.streams = s
-	}
-	return e.streams, nil
+	return e.server(ctx, &e.streams, "streams", e.brokerHost, servers.StartRedis)
 }
 
 func (e *env) rabbitNode(ctx context.Context) (*servers.Server, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.rabbit == nil {
-		s, err := servers.StartRabbit(ctx, filepath.Join(e.dir, "rabbit"), e.brokerHost)
-		if err != nil {
-			return nil, err
-		}
-		e.rabbit = s
-	}
-	return e.rabbit, nil
+	return e.server(ctx, &e.rabbit, "rabbit", e.brokerHost, servers.StartRabbit)
 }
 
 func (e *env) kafkaCluster() (*kafkaServer, error) {
