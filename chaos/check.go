@@ -185,8 +185,9 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 	// after a fault took that holder's claims (killed, crashed, stalled),
 	// or after that holder acked the message with its completion
 	// unrecorded (idem.ErrUnrecorded: a store fault kept the completion
-	// from being recorded within the lease; a redelivery after the lease
-	// runs the handler again, which the fence row absorbs).
+	// from being recorded within the lease; another process's redelivery
+	// after the lease runs the handler again, which the fence row
+	// absorbs).
 	rr, err := c.ledger.Query(ctx, `SELECT r.msg_id, r.old_pid, r.pid, EXISTS (SELECT 1 FROM `+c.name+`.unrecorded u
 		WHERE u.msg_id = r.msg_id AND u.pid = r.old_pid) FROM `+c.name+`.rerun r`)
 	if err != nil {
@@ -207,7 +208,11 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 			switch {
 			case why != "":
 				res.Reruns++
-			case unrecorded:
+			case unrecorded && pid != oldPid:
+				// Another process's claim after the lease lapsed; the
+				// first holder's own guard answers its own claims "in
+				// progress" while it records the completion
+				// (docs/guard.md), so the same pid again is a bug.
 				res.Reruns++
 				res.RerunsUnrecorded++
 			default:
