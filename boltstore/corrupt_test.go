@@ -3,6 +3,7 @@ package boltstore
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -232,6 +233,38 @@ func TestCorruptOneMetaFallsBack(t *testing.T) {
 		}
 		s.Close()
 	}
+}
+
+// A leaf element whose key offset points past the end of the file: bbolt
+// would read it through its memory map, beyond the file (SIGBUS), and its
+// consistency check runs on a goroutine of its own where such a fault is
+// fatal ("fatal error: fault", not a panic Open could recover: seen in
+// TestCorruptRandomBytes). Open refuses the file before bbolt reads it.
+func TestCorruptPagePointerRefused(t *testing.T) {
+	golden, _ := goldenFile(t)
+	page := os.Getpagesize()
+	d := bytes.Clone(golden)
+	n := 0
+	for off := 2 * page; off+page <= len(d); off += page {
+		p := d[off : off+page]
+		if binary.NativeEndian.Uint16(p[8:]) != leafPageFlag || !bytes.Contains(p, []byte("result-key-0150")) {
+			continue
+		}
+		// Element 0's key, 16 bytes past its element at off+16, now starts
+		// two pages past the end of the file (inside bbolt's map, which
+		// reserves InitialMmapSize).
+		binary.NativeEndian.PutUint32(p[16+4:], uint32(len(d)+2*page-(off+16)))
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no leaf page holds result-key-0150")
+	}
+	path := writeCase(t, d)
+	s, err := Open(Config{Path: path})
+	if err == nil {
+		s.Close()
+	}
+	checkRefused(t, path, err)
 }
 
 // Random single-byte damage anywhere in the used part of the file: Open

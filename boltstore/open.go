@@ -55,35 +55,46 @@ var (
 // root bucket (2 x uint64), freelist, pgid, txid, checksum (uint64), the
 // checksum being FNV-64a of the 56 bytes before it.
 func checkMeta(f *os.File, size int64) error {
+	_, err := readMeta(f, size)
+	return err
+}
+
+// fileMeta is the meta page bbolt uses: the valid one with the higher txid.
+type fileMeta struct {
+	pageSize     uint32
+	root         uint64 // the root bucket's page
+	freelist     uint64 // the freelist's page (noFreelist: none)
+	pgid, txid   uint64 // pgid: the high-water mark, in pages
+	valid        bool
+	invalidCause string
+}
+
+// readMeta is checkMeta returning the meta page bbolt will use.
+func readMeta(f *os.File, size int64) (fileMeta, error) {
 	const magic, version = 0xED0CDAED, 2
-	type meta struct {
-		pageSize     uint32
-		pgid, txid   uint64
-		valid        bool
-		invalidCause string
-	}
-	read := func(off int64) meta {
+	read := func(off int64) fileMeta {
 		buf := make([]byte, 16+64)
 		if _, err := f.ReadAt(buf, off); err != nil {
-			return meta{invalidCause: fmt.Sprintf("meta page at offset %d unreadable: %v", off, err)}
+			return fileMeta{invalidCause: fmt.Sprintf("meta page at offset %d unreadable: %v", off, err)}
 		}
 		m := buf[16:]
 		le := binary.NativeEndian
 		if le.Uint32(m[0:]) != magic {
-			return meta{invalidCause: fmt.Sprintf("meta page at offset %d: bad magic (not a bbolt file?)", off)}
+			return fileMeta{invalidCause: fmt.Sprintf("meta page at offset %d: bad magic (not a bbolt file?)", off)}
 		}
 		if le.Uint32(m[4:]) != version {
-			return meta{invalidCause: fmt.Sprintf("meta page at offset %d: bbolt version %d", off, le.Uint32(m[4:]))}
+			return fileMeta{invalidCause: fmt.Sprintf("meta page at offset %d: bbolt version %d", off, le.Uint32(m[4:]))}
 		}
 		h := fnv.New64a()
 		h.Write(m[:56])
 		if h.Sum64() != le.Uint64(m[56:]) {
-			return meta{invalidCause: fmt.Sprintf("meta page at offset %d: checksum mismatch", off)}
+			return fileMeta{invalidCause: fmt.Sprintf("meta page at offset %d: checksum mismatch", off)}
 		}
-		return meta{pageSize: le.Uint32(m[8:]), pgid: le.Uint64(m[40:]), txid: le.Uint64(m[48:]), valid: true}
+		return fileMeta{pageSize: le.Uint32(m[8:]), root: le.Uint64(m[16:]), freelist: le.Uint64(m[32:]),
+			pgid: le.Uint64(m[40:]), txid: le.Uint64(m[48:]), valid: true}
 	}
 	m0 := read(0)
-	var m1 meta
+	var m1 fileMeta
 	if m0.valid {
 		m1 = read(int64(m0.pageSize))
 	} else {
@@ -103,12 +114,12 @@ func checkMeta(f *os.File, size int64) error {
 		best = m1
 	}
 	if !best.valid {
-		return fmt.Errorf("%w: both meta pages are invalid (%s; %s)", ErrCorrupt, m0.invalidCause, m1.invalidCause)
+		return best, fmt.Errorf("%w: both meta pages are invalid (%s; %s)", ErrCorrupt, m0.invalidCause, m1.invalidCause)
 	}
 	if need := int64(best.pgid) * int64(best.pageSize); size < need {
-		return fmt.Errorf("%w: file is %d bytes but its metadata (txid %d) needs %d: truncated", ErrCorrupt, size, best.txid, need)
+		return best, fmt.Errorf("%w: file is %d bytes but its metadata (txid %d) needs %d: truncated", ErrCorrupt, size, best.txid, need)
 	}
-	return nil
+	return best, nil
 }
 
 // openBolt opens the file with bbolt, turning a memory fault on a damaged
@@ -236,11 +247,16 @@ func stampFormat(db *bbolt.DB) error {
 	})
 }
 
-// verify runs bbolt's consistency check (every page reachable or free, keys
-// ordered), decodes every record and checks each namespace (verifySpace).
-// It returns the per-state counts of the namespaces whose stored counts are
-// off: they only feed Stats, so Open rewrites them rather than refuse.
+// verify checks that every page bbolt would reach lies inside the file
+// (checkPages), then runs bbolt's consistency check (every page reachable
+// or free, keys ordered), decodes every record and checks each namespace
+// (verifySpace). It returns the per-state counts of the namespaces whose
+// stored counts are off: they only feed Stats, so Open rewrites them
+// rather than refuse.
 func verify(db *bbolt.DB) (fix map[string][4]int64, err error) {
+	if err := checkPages(db.Path()); err != nil {
+		return nil, err
+	}
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
