@@ -187,6 +187,16 @@ func (c *cell) busy(ctx context.Context, ws []*worker, slot shm.Slot, d time.Dur
 
 func storeErrs(v shm.Values) int64 { return v[shm.StoreErrors] + v[shm.ClaimErrors] }
 
+// storeErrors is every consumer incarnation's store errors so far (a
+// process that died since does not take its count away).
+func (c *cell) storeErrors() int64 {
+	var n int64
+	for _, w := range c.consumers {
+		n += storeErrs(w.totals())
+	}
+	return n
+}
+
 func (c *cell) killOne(ctx context.Context) {
 	relay := c.intn(0, 3) == 0
 	ws, slot := c.consumers, shm.InHandler
@@ -236,13 +246,25 @@ func (c *cell) stall(ctx context.Context) {
 		c.logf("no consumer holds claims: no stall this round")
 		return
 	}
-	if err := inc.signal(syscall.SIGSTOP); err != nil {
-		c.problem("stop %s: %v", w.name, err)
-		return
+	// Stopped while it holds claims: the handlers busy() saw may have
+	// finished before the signal; let it run a moment and stop it again,
+	// for up to 3 s.
+	var before shm.Values
+	var stopped time.Time
+	for deadline := time.Now().Add(3 * time.Second); ; {
+		if err := inc.signal(syscall.SIGSTOP); err != nil {
+			c.problem("stop %s: %v", w.name, err)
+			return
+		}
+		stopped = time.Now()
+		time.Sleep(5 * time.Millisecond)
+		before = inc.ctr.Snapshot()
+		if before[shm.InHandler] > 0 || time.Now().After(deadline) {
+			break
+		}
+		_ = inc.signal(syscall.SIGCONT)
+		time.Sleep(7 * time.Millisecond)
 	}
-	stopped := time.Now()
-	time.Sleep(5 * time.Millisecond)
-	before := inc.ctr.Snapshot()
 	c.markPid(inc.pid, "stalled")
 	t := c.r.cfg.Timing
 	// Past the lease and until the broker has handed the messages to
@@ -301,6 +323,7 @@ func (c *cell) restartStore(ctx context.Context) {
 	if !ok {
 		return
 	}
+	e0 := c.storeErrors()
 	if err := c.storeSrv.Crash(); err != nil {
 		c.problem("crash store: %v", err)
 		return
@@ -311,8 +334,8 @@ func (c *cell) restartStore(ctx context.Context) {
 		c.problem("restart store: %v", err)
 		return
 	}
-	waitFor(ctx, 10*time.Second, func() bool { return storeErrs(c.live()) > storeErrs(v) })
-	errs := storeErrs(c.live()) - storeErrs(v)
+	waitFor(ctx, 10*time.Second, func() bool { return c.storeErrors() > e0 })
+	errs := c.storeErrors() - e0
 	c.addFault(Fault{Kind: "store restart", Target: c.Store, Hit: v[shm.InHandler] > 0 && errs > 0,
 		Evidence: fmt.Sprintf("%d claims in handlers, %d deliveries unsettled when it died; down %s; %d store errors after",
 			v[shm.InHandler], v[shm.Unsettled], down.Round(time.Millisecond), errs)})
@@ -363,6 +386,7 @@ func (c *cell) toxic(ctx context.Context) {
 	if !ok {
 		return
 	}
+	e0 := c.storeErrors()
 	if err := c.proxy.Toxic(tx.json); err != nil {
 		c.problem("toxic %s: %v", tx.name, err)
 		return
@@ -375,14 +399,14 @@ func (c *cell) toxic(ctx context.Context) {
 		// machine may send nothing to the store for a while), up to 3 s
 		// more; it hit nothing otherwise. Not ctx: the loop's end does
 		// not end a fault.
-		waitFor(context.Background(), 3*time.Second, func() bool { return storeErrs(c.live()) > storeErrs(v) })
+		waitFor(context.Background(), 3*time.Second, func() bool { return c.storeErrors() > e0 })
 		d = time.Since(began)
 	}
 	c.proxy.Clear()
 	// A call stuck behind the toxic fails when the client gives up on it
 	// (the store clients' own timeouts, up to ~10 s).
-	waitFor(ctx, 12*time.Second, func() bool { return !tx.errs || storeErrs(c.live()) > storeErrs(v) })
-	errs := storeErrs(c.live()) - storeErrs(v)
+	waitFor(ctx, 12*time.Second, func() bool { return !tx.errs || c.storeErrors() > e0 })
+	errs := c.storeErrors() - e0
 	c.addFault(Fault{Kind: "proxy " + tx.name, Target: c.Store, Hit: v[shm.InHandler] > 0 && (!tx.errs || errs > 0),
 		Evidence: fmt.Sprintf("%s with %d claims in handlers; %d store errors", d.Round(time.Millisecond), v[shm.InHandler], errs)})
 }
@@ -397,19 +421,20 @@ func (c *cell) partition(ctx context.Context) {
 	if !ok {
 		return
 	}
+	e0 := c.storeErrors()
 	if err := ns.Partition(true); err != nil {
 		c.problem("partition: %v", err)
 		return
 	}
 	d := c.r.cfg.Timing.lease() + c.between(time.Second, 3*time.Second)
 	time.Sleep(d)
-	during := c.live()
+	during, errs := c.live(), c.storeErrors()-e0
 	if err := ns.Partition(false); err != nil {
 		c.problem("heal partition: %v", err)
 	}
 	c.addFault(Fault{Kind: "partition", Target: c.Store, Hit: v[shm.InHandler] > 0,
 		Evidence: fmt.Sprintf("%s with %d claims in handlers; meanwhile %d store errors, %d effects completed",
-			d.Round(time.Millisecond), v[shm.InHandler], storeErrs(during)-storeErrs(v), during[shm.Handled]-v[shm.Handled])})
+			d.Round(time.Millisecond), v[shm.InHandler], errs, during[shm.Handled]-v[shm.Handled])})
 }
 
 // outageLength outlasts the lease, the guard's settle window (a lease),
@@ -430,17 +455,17 @@ func (c *cell) outage(ctx context.Context) {
 	if !ok {
 		return
 	}
+	e0 := c.storeErrors()
 	if err := c.proxy.Down(true); err != nil {
 		c.problem("outage: %v", err)
 		return
 	}
 	d := c.outageLength()
 	time.Sleep(d)
-	during := c.live()
+	errs := c.storeErrors() - e0
 	if err := c.proxy.Down(false); err != nil {
 		c.problem("end outage: %v", err)
 	}
-	errs := storeErrs(during) - storeErrs(v)
 	c.addFault(Fault{Kind: "outage", Target: c.Store, Hit: v[shm.InHandler] > 0 && errs > 0,
 		Evidence: fmt.Sprintf("%s with %d claims in handlers, %d deliveries unsettled; %d store errors during it",
 			d.Round(time.Millisecond), v[shm.InHandler], v[shm.Unsettled], errs)})

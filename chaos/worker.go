@@ -168,8 +168,13 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 		clock.off.Store(int64(d))
 		ctr.Set(shm.ClockOffset, d.Milliseconds())
 	}
-	st, err := openStore(ctx, spec, spec.Store.Addr)
-	if err != nil {
+	// The store may be restarting or cut off when this process starts
+	// (it replaces one that died during a fault): retry until it opens.
+	var st *storeConn
+	if err := retry(ctx, func() (err error) {
+		st, err = openStore(ctx, spec, spec.Store.Addr)
+		return err
+	}); err != nil {
 		return err
 	}
 	defer st.close()
