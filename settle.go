@@ -33,7 +33,7 @@ type settleOp struct {
 	done    bool // recorded, or refused for good
 	start   time.Time
 
-	rctx deadlineCtx // settleNow's round context when this op comes first (saves an allocation)
+	rctx deadlineCtx // settleNow's first round context when this op comes first (saves an allocation)
 }
 
 // newOp readies the Held's own settleOp (a Held settles once; keeping the
@@ -122,8 +122,7 @@ func (g *Guard) settleNow(ctx context.Context, ops []*settleOp, bc BatchComplete
 	floor := clampDur(minLease/4, time.Millisecond, 250*time.Millisecond)
 	var buf [4]*settleOp
 	live := buf[:0]
-	rctx := &ops[0].rctx
-	for {
+	for round := 0; ; round++ {
 		live = live[:0]
 		wall := time.Now() // read before the guard's clock: deadlines err early, never late
 		now = g.cfg.clock.Now()
@@ -148,12 +147,12 @@ func (g *Guard) settleNow(ctx context.Context, ops []*settleOp, bc BatchComplete
 			// Out of time. A last read resolves those whose outcome is
 			// unknown (applied after all, or taken over); it changes
 			// nothing, so it may run past the window.
-			rctx.reset(ctx, wall.Add(floor))
+			rctx := ops[0].roundCtx(round, ctx, wall.Add(floor))
 			g.readBack(rctx, ops)
 			rctx.release()
 			return
 		}
-		rctx.reset(ctx, wall.Add(max(end.Sub(now), floor)))
+		rctx := ops[0].roundCtx(round, ctx, wall.Add(max(end.Sub(now), floor)))
 		g.readBack(rctx, live)
 		g.settleRound(rctx, live, bc)
 		rctx.release()
@@ -358,36 +357,41 @@ func (g *Guard) unrecorded(ctx context.Context, op *settleOp, phase UnrecordedPh
 // caller's context, none of its cancellation, and a deadline. The timer
 // behind Done is made only when a store asks for Done (a network driver
 // does; an in-memory store only checks Err), so the hot path pays no timer.
+//
+// A driver may keep using a round's context after the round, from a
+// goroutine of its own (database/sql and go-sql-driver watch a query's
+// context until its rows are closed, and store ctx.Err() once Done is
+// closed): so a context is never reused for another round, and once
+// released it stays done (Done closed, Err non-nil) for good.
 type deadlineCtx struct {
 	parent   context.Context // not cancellable
 	deadline time.Time       // wall clock
 	mu       sync.Mutex
 	ctx      context.Context // made on demand by Done
 	cancel   context.CancelFunc
+	released bool
 }
 
-// reset readies c for a new round. A driver may still hold the last
-// round's context and call it from a goroutine of its own (database/sql
-// watches a query's context until its rows are closed, from a goroutine
-// that may start late), so every field is read and written under mu, and a
-// context such a call made since the last release is dropped: the new
-// round gets its own deadline.
-func (c *deadlineCtx) reset(parent context.Context, deadline time.Time) {
-	c.mu.Lock()
-	if c.cancel != nil {
-		c.cancel()
+// roundCtx is the context of settle round n of this op: the op's own for
+// its first round (the hot path allocates nothing), a new one for any
+// later round.
+func (op *settleOp) roundCtx(n int, parent context.Context, deadline time.Time) *deadlineCtx {
+	c := &op.rctx
+	if n > 0 || c.parent != nil {
+		c = new(deadlineCtx)
 	}
-	c.parent, c.deadline, c.ctx, c.cancel = parent, deadline, nil, nil
-	c.mu.Unlock()
+	c.parent, c.deadline = parent, deadline
+	return c
 }
 
-// release stops the timer, if one was made.
+// release ends the round: the timer, if one was made, is stopped, and the
+// context is done from now on.
 func (c *deadlineCtx) release() {
 	c.mu.Lock()
+	c.released = true
 	if c.cancel != nil {
 		c.cancel()
 	}
-	c.ctx, c.cancel = nil, nil
 	c.mu.Unlock()
 }
 
@@ -401,17 +405,26 @@ func (c *deadlineCtx) Done() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ctx == nil {
+		if c.released {
+			return closedChan
+		}
 		c.ctx, c.cancel = context.WithDeadline(c.parent, c.deadline)
 	}
 	return c.ctx.Done()
 }
 
+// closedChan is Done of a round context released before anyone asked.
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
 func (c *deadlineCtx) Err() error {
 	c.mu.Lock()
-	inner, deadline := c.ctx, c.deadline
+	inner, deadline, released := c.ctx, c.deadline, c.released
 	c.mu.Unlock()
 	if inner != nil {
 		return inner.Err()
+	}
+	if released {
+		return context.Canceled
 	}
 	if !time.Now().Before(deadline) {
 		return context.DeadlineExceeded
