@@ -134,7 +134,7 @@ func (l Layout) Parse(id ID) (Parts, error) {
 // splits it.
 func (l Layout) ParseString(s string) (ID, Parts, error) {
 	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v < 0 || s[0] == '+' || len(s) > 1 && s[0] == '0' {
+	if err != nil || v < 0 || s[0] == '+' || s[0] == '-' || len(s) > 1 && s[0] == '0' {
 		return 0, Parts{}, fmt.Errorf("%w: snowflake: not an id: %q", idem.ErrInvalidArgument, s)
 	}
 	p, err := l.Parse(ID(v))
