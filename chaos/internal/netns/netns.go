@@ -121,7 +121,12 @@ func (n *NS) Delete() error {
 	}
 	for _, i := range []string{n.brokerIf, n.storeIf} {
 		if exec.Command("ip", "link", "show", i).Run() == nil {
-			errs = append(errs, ip("link", "del", i))
+			// The kernel removes the pair on its own once the namespace
+			// holding its peer is gone, possibly between the show and
+			// the del: a device already gone is what Delete wants.
+			if err := ip("link", "del", i); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
