@@ -2,38 +2,18 @@ package idem_test
 
 import (
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/clocktest"
 	"github.com/idem-dev/idem/memstore"
 )
 
-// manualClock is an idem.Clock that moves only when the test advances it.
-// Shared by a memstore (which times leases with it) and a guard
-// (idem.WithClock: the heartbeat beats when this clock says a claim is
-// due), it makes a lease lapse only when the test moves time past it
-// without a heartbeat in between. How slow the machine is changes how long
-// such a test takes, never what it sees.
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// manualClock moves only when the test advances it (see clocktest).
+type manualClock = clocktest.Manual
 
-func newManualClock() *manualClock { return &manualClock{t: time.Unix(1_800_000_000, 0)} }
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newManualClock() *manualClock { return clocktest.New() }
 
 // newMemClock is a memstore timed by clk.
 func newMemClock(t testing.TB, clk idem.Clock) *memstore.Store {

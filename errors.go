@@ -102,6 +102,18 @@ func (e *InProgressError) RetryAfter(now time.Time) time.Duration {
 	return clampRetryAfter(e.LeaseUntil.Sub(now), e.Lease)
 }
 
+// InProgressOf is the InProgressError for an in-progress record read from
+// a store (a transactional claim, a service's answer): its lease end, with
+// the record's own lease span (UpdatedAt to LeaseUntil, both on the
+// store's clock) bounding RetryAfter, MaxLease when the record does not say.
+func InProgressOf(rec *Record) *InProgressError {
+	e := &InProgressError{Key: rec.Key, LeaseUntil: rec.LeaseUntil}
+	if !rec.UpdatedAt.IsZero() && rec.LeaseUntil.After(rec.UpdatedAt) {
+		e.Lease = rec.LeaseUntil.Sub(rec.UpdatedAt)
+	}
+	return e
+}
+
 // clampRetryAfter bounds d to [1ms, lease] (lease <= 0: MaxLease).
 func clampRetryAfter(d, lease time.Duration) time.Duration {
 	if lease <= 0 || lease > MaxLease {

@@ -231,7 +231,7 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 	start := g.cfg.clock.Now()
 	for i, it := range items {
 		if g.bg.pendingFor(it.Key) {
-			out[i] = g.pendingSettle(ctx, ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}, start)
+			out[i] = g.pendingSettle(ctx, g.batchRequest(it), start)
 			continue
 		}
 		rest, idx = append(rest, it), append(idx, i)
@@ -249,12 +249,17 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 	return out, nil
 }
 
+// batchRequest is the claim of a batch item, with the guard's lease and TTL.
+func (g *Guard) batchRequest(it BatchItem) ClaimRequest {
+	return ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}
+}
+
 // claimBatch is AcquireBatch's store round-trip.
 func (g *Guard) claimBatch(ctx context.Context, items []BatchItem) ([]Acquisition, error) {
 	out := make([]Acquisition, len(items))
 	reqs := make([]ClaimRequest, len(items))
 	for i, it := range items {
-		reqs[i] = ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}
+		reqs[i] = g.batchRequest(it)
 	}
 	start := g.cfg.clock.Now()
 	res, err := g.batch.ClaimBatch(ctx, reqs)

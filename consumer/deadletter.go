@@ -109,14 +109,7 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, reason st
 			if lost(held) {
 				return c.deadLetterOne(ctx, d, reason)
 			}
-			return []*hold{{
-				ds: []*delivery{d}, reason: HoldStoreUnavailable, err: err,
-				retry: func(ctx context.Context) []*hold { return c.publishDeadLetter(ctx, d, reason, held) },
-				giveUp: func(ctx context.Context) {
-					_ = held.Release(ctx, err)
-					c.deadLetterFallback(ctx, d, reason)
-				},
-			}}
+			return c.deadLetterHold(d, reason, held, HoldStoreUnavailable, err)
 		}
 	}
 	dl := c.deadLetterMessage(d.m, reason)
@@ -127,21 +120,7 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, reason st
 		c.stats.deadLetterErrors.Add(1)
 		c.noteDeadLetter(ctx, d, reason, dl.Topic, err)
 		c.log.Error("consumer: dead-letter publish failed; holding the message and retrying", "msg_id", d.m.ID, "dead_letter_topic", dl.Topic, "err", err)
-		return []*hold{{
-			ds: []*delivery{d}, reason: HoldDeadLetter, err: err,
-			retry: func(ctx context.Context) []*hold {
-				if held != nil && lost(held) {
-					return c.deadLetterOne(ctx, d, reason)
-				}
-				return c.publishDeadLetter(ctx, d, reason, held)
-			},
-			giveUp: func(ctx context.Context) {
-				if held != nil {
-					_ = held.Release(ctx, err)
-				}
-				c.deadLetterFallback(ctx, d, reason)
-			},
-		}}
+		return c.deadLetterHold(d, reason, held, HoldDeadLetter, err)
 	}
 	if held != nil {
 		if cerr := held.Complete(ctx, nil); cerr != nil {
@@ -153,6 +132,24 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, reason st
 	c.log.Warn("consumer: message dead-lettered", "msg_id", d.m.ID, "topic", d.m.Topic, "dead_letter_topic", dl.Topic, "reason", reason)
 	c.term(ctx, d, reason)
 	return nil
+}
+
+// deadLetterHold holds d while its dead-lettering cannot go on (the
+// publish failed, or the store did not answer the claim's renewal): the
+// retry publishes again under held, whose renewal sends a claim found lost
+// back to deadLetterOne; at shutdown the claim is let go and
+// deadLetterFallback decides.
+func (c *Consumer) deadLetterHold(d *delivery, reason string, held *idem.Held, why HoldReason, err error) []*hold {
+	return []*hold{{
+		ds: []*delivery{d}, reason: why, err: err,
+		retry: func(ctx context.Context) []*hold { return c.publishDeadLetter(ctx, d, reason, held) },
+		giveUp: func(ctx context.Context) {
+			if held != nil {
+				_ = held.Release(ctx, err)
+			}
+			c.deadLetterFallback(ctx, d, reason)
+		},
+	}}
 }
 
 // deadLetterAtShutdown dead-letters d, which the consumer must let go of

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,28 +13,12 @@ import (
 	"github.com/idem-dev/idem/broker/membroker"
 	"github.com/idem-dev/idem/consumer"
 	"github.com/idem-dev/idem/faultstore"
+	"github.com/idem-dev/idem/internal/clocktest"
 	"github.com/idem-dev/idem/memstore"
 )
 
-// manualClock is an idem.Clock that moves only when the test advances it
-// (shared by a memstore and guards, a lease lapses only when the test
-// says so).
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+// manualClock moves only when the test advances it (see clocktest).
+type manualClock = clocktest.Manual
 
 // TestHeldClaimLostNotRunTwice: a message is held with its claim kept
 // (its handler's database unavailable); meanwhile the claim's heartbeats
@@ -47,7 +30,7 @@ func (c *manualClock) Advance(d time.Duration) {
 func TestHeldClaimLostNotRunTwice(t *testing.T) {
 	for _, mode := range []string{"single", "batch"} {
 		t.Run(mode, func(t *testing.T) {
-			clk := &manualClock{t: time.Unix(1_800_000_000, 0)}
+			clk := clocktest.New()
 			mem, err := memstore.New(memstore.Config{Clock: clk})
 			if err != nil {
 				t.Fatal(err)
@@ -311,7 +294,7 @@ func (s *dlTakeover) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Cla
 // dead-letter topic, which has no dedup by id). The claim is renewed
 // before the publish.
 func TestStaleDeadLetterHolderDoesNotPublish(t *testing.T) {
-	clk := &manualClock{t: time.Unix(1_800_000_000, 0)}
+	clk := clocktest.New()
 	mem, err := memstore.New(memstore.Config{Clock: clk})
 	if err != nil {
 		t.Fatal(err)

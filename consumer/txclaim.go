@@ -60,10 +60,5 @@ func inProgressWait(rec idem.Record) time.Duration {
 	if rec.LeaseUntil.IsZero() {
 		return time.Second
 	}
-	lease := idem.MaxLease
-	if !rec.UpdatedAt.IsZero() && rec.LeaseUntil.After(rec.UpdatedAt) {
-		lease = rec.LeaseUntil.Sub(rec.UpdatedAt)
-	}
-	ip := idem.InProgressError{LeaseUntil: rec.LeaseUntil, Lease: lease}
-	return ip.RetryAfter(time.Now())
+	return idem.InProgressOf(&rec).RetryAfter(time.Now())
 }

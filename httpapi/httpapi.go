@@ -465,12 +465,7 @@ func claimAnswer(cl idem.Claim) (claimOut, int) {
 // idem.InProgressError.RetryAfter bounds it: a store clock hours ahead
 // must not tell clients to wait hours.
 func retryAfter(rec *idem.Record) string {
-	var lease time.Duration
-	if !rec.UpdatedAt.IsZero() && rec.LeaseUntil.After(rec.UpdatedAt) {
-		lease = rec.LeaseUntil.Sub(rec.UpdatedAt)
-	}
-	e := idem.InProgressError{LeaseUntil: rec.LeaseUntil, Lease: lease}
-	s := math.Ceil(e.RetryAfter(time.Now()).Seconds())
+	s := math.Ceil(idem.InProgressOf(rec).RetryAfter(time.Now()).Seconds())
 	if s < 1 {
 		s = 1
 	}
