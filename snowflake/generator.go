@@ -99,6 +99,11 @@ type Config struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	Hooks  Hooks
+
+	// manualBeat (tests only, export_test.go): no heartbeat goroutine;
+	// the test renews the lease when it chooses, so with a manual Clock a
+	// lease lapses only when the test moves time past it.
+	manualBeat bool
 }
 
 func (c Config) withDefaults() Config {

@@ -9,13 +9,16 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/faultstore"
+	"github.com/idem-dev/idem/internal/clocktest"
 	"github.com/idem-dev/idem/memstore"
 	"github.com/idem-dev/idem/snowflake"
 )
 
-func memStore(t testing.TB) *memstore.Store {
+// memStore is a memstore on clk (nil: the system clock); on a manual clock
+// a lease in it runs out only when the test advances the clock.
+func memStore(t testing.TB, clk idem.Clock) *memstore.Store {
 	t.Helper()
-	s, err := memstore.New(memstore.Config{})
+	s, err := memstore.New(memstore.Config{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,24 +26,11 @@ func memStore(t testing.TB) *memstore.Store {
 	return s
 }
 
-// waitUntil polls cond every 5ms for up to 10s (no timing assertion: the
-// bound only stops a hung test).
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestLeasedWorkersDistinct: generators leasing from one store get
 // different worker ids until the layout's ids run out (ErrNoWorker); their
 // ids never collide.
 func TestLeasedWorkersDistinct(t *testing.T) {
-	st := memStore(t)
+	st := memStore(t, nil)
 	l := snowflake.Layout{TimeBits: 50, WorkerBits: 3, SequenceBits: 10} // 8 workers
 	var gens []*snowflake.Generator
 	workers := map[int64]bool{}
@@ -85,7 +75,7 @@ func TestLeasedWorkersDistinct(t *testing.T) {
 // behind it, makes no id at or below the old holder's last one (it waits
 // the small step out).
 func TestLeaseHandoffStartsAfterLastID(t *testing.T) {
-	st := memStore(t)
+	st := memStore(t, nil)
 	l := snowflake.Layout{TimeBits: 53, WorkerBits: 0, SequenceBits: 10} // one worker id
 	clk := &scriptClock{}
 	base := time.Now().Add(time.Hour)
@@ -109,32 +99,55 @@ func TestLeaseHandoffStartsAfterLastID(t *testing.T) {
 	}
 }
 
+// hookLog records OnLeaseLost calls (permanent or not).
+type hookLog struct {
+	mu    sync.Mutex
+	calls []bool
+}
+
+func (h *hookLog) hooks() snowflake.Hooks {
+	return snowflake.Hooks{OnLeaseLost: func(w int64, permanent bool, err error) {
+		h.mu.Lock()
+		h.calls = append(h.calls, permanent)
+		h.mu.Unlock()
+	}}
+}
+
+func (h *hookLog) get() []bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]bool(nil), h.calls...)
+}
+
 // TestLeaseLostStopsGeneration: the worker's record is deleted while the
 // generator is making ids (an operator, or a takeover after a long
 // stall): the next heartbeat finds it gone, Next fails with
 // idem.ErrLeaseLost from then on, and the hook reports it as permanent.
+// The generator and the store share a manual clock and the test runs the
+// heartbeat (snowflake.Beat): no lease lapses on its own however slow the
+// machine is.
 func TestLeaseLostStopsGeneration(t *testing.T) {
-	st := memStore(t)
-	lost := make(chan bool, 1)
-	g := newGen(t, snowflake.Config{Store: st, Lease: 300 * time.Millisecond, Hooks: snowflake.Hooks{
-		OnLeaseLost: func(w int64, permanent bool, err error) { lost <- permanent },
-	}})
+	clk := clocktest.New()
+	st := memStore(t, clk)
+	var hl hookLog
+	g := newGen(t, snowflake.ManualHeartbeat(snowflake.Config{Store: st, Clock: clk, Lease: 300 * time.Millisecond, Hooks: hl.hooks()}))
 	key := []byte("idem-snowflake/default/worker/" + itoa(g.Worker()))
 	if _, err := st.Get(context.Background(), key); err != nil {
 		t.Fatalf("lease record: %v", err)
 	}
-	made := 0
-	stop := make(chan struct{})
+	next(t, g)
+	if !snowflake.Beat(g) || len(hl.get()) != 0 {
+		t.Fatalf("a renewal of a held lease stopped the generator (hooks %v)", hl.get())
+	}
+	// In-flight generation while the lease goes: up to 4,000 ids (the clock
+	// stands still and a millisecond holds 4,096), stopping at the first
+	// error, which must be the loss.
 	var lastErr error
+	made := 0
 	done := make(chan struct{})
-	go func() { // in-flight generation while the lease goes
+	go func() {
 		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+		for range 4000 {
 			if _, err := g.Next(); err != nil {
 				lastErr = err
 				return
@@ -142,52 +155,70 @@ func TestLeaseLostStopsGeneration(t *testing.T) {
 			made++
 		}
 	}()
-	time.Sleep(20 * time.Millisecond)
 	if err := st.Delete(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	if !<-lost {
-		t.Fatal("lease loss reported as not permanent")
+	if snowflake.Beat(g) {
+		t.Fatal("heartbeat after the record was deleted: lease not reported lost")
 	}
 	<-done
-	close(stop)
-	if made == 0 || !errors.Is(lastErr, idem.ErrLeaseLost) {
-		t.Fatalf("made %d ids, then %v; want some ids then ErrLeaseLost", made, lastErr)
+	if lastErr != nil && !errors.Is(lastErr, idem.ErrLeaseLost) {
+		t.Fatalf("in-flight Next after %d ids: %v, want ErrLeaseLost or no error", made, lastErr)
 	}
 	if _, err := g.Next(); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("Next after loss: %v", err)
 	}
+	if h := hl.get(); len(h) != 1 || !h[0] {
+		t.Fatalf("hook calls %v, want one permanent loss", h)
+	}
 }
 
-// TestLeaseStoreDownStopsThenResumes: the store goes down; once the lease
-// could have run out Next fails with idem.ErrLeaseLost (nobody can prove
-// the worker id is still ours); when the store is back and the renewal
-// shows nobody took over, ids flow again.
+// TestLeaseStoreDownStopsThenResumes: the store goes down; a failed
+// renewal alone does not stop ids, but once the lease could have run out
+// Next fails with idem.ErrLeaseLost (nobody can prove the worker id is
+// still ours); when the store is back and the renewal shows nobody took
+// over, ids flow again. Manual clock and heartbeat as above.
 func TestLeaseStoreDownStopsThenResumes(t *testing.T) {
-	fs := faultstore.New(memStore(t))
-	var mu sync.Mutex
-	var hooks []bool
-	g := newGen(t, snowflake.Config{Store: fs, Lease: 300 * time.Millisecond, Hooks: snowflake.Hooks{
-		OnLeaseLost: func(w int64, permanent bool, err error) { mu.Lock(); hooks = append(hooks, permanent); mu.Unlock() },
-	}})
+	clk := clocktest.New()
+	fs := faultstore.New(memStore(t, clk))
+	var hl hookLog
+	const lease = 300 * time.Millisecond
+	g := newGen(t, snowflake.ManualHeartbeat(snowflake.Config{Store: fs, Clock: clk, Lease: lease, Hooks: hl.hooks()}))
 	next(t, g)
 	fs.SetDown(true)
-	waitUntil(t, "Next to fail while the store is down", func() bool {
-		_, err := g.Next()
-		if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
-			t.Fatalf("unexpected error %v", err)
-		}
-		return err != nil
-	})
+	clk.Advance(lease / 3)
+	if !snowflake.Beat(g) {
+		t.Fatal("a failed renewal while the store is down ended the lease for good")
+	}
 	if fs.Calls(faultstore.OpExtend) == 0 {
 		t.Fatal("no renewal was attempted")
 	}
+	next(t, g) // within the lease: still ours
+	// The lease is trusted for 9/10 of its span from when the last
+	// renewal (here the claim) was sent.
+	clk.Advance(lease*9/10 - lease/3)
+	if _, err := g.Next(); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Next once the lease could have run out: %v, want ErrLeaseLost", err)
+	}
+	if h := hl.get(); len(h) != 1 || h[0] {
+		t.Fatalf("hook calls %v, want one non-permanent loss", h)
+	}
+	// Down past the lease in the store too; more failed renewals report
+	// nothing new.
+	clk.Advance(time.Second)
+	if !snowflake.Beat(g) {
+		t.Fatal("a failed renewal while the store is down ended the lease for good")
+	}
+	if _, err := g.Next(); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Next while the store is still down: %v, want ErrLeaseLost", err)
+	}
 	fs.SetDown(false)
-	waitUntil(t, "ids after the store is back", func() bool { _, err := g.Next(); return err == nil })
-	mu.Lock()
-	defer mu.Unlock()
-	if len(hooks) != 1 || hooks[0] {
-		t.Fatalf("hook calls %v, want one non-permanent loss", hooks)
+	if !snowflake.Beat(g) {
+		t.Fatal("renewal after the store came back: lease lost")
+	}
+	next(t, g)
+	if h := hl.get(); len(h) != 1 || h[0] {
+		t.Fatalf("hook calls %v, want one non-permanent loss", h)
 	}
 }
 
