@@ -67,7 +67,12 @@ func TestFromURL(t *testing.T) {
 // and closes the client with the Store; a closed port is ErrUnavailable.
 func TestFromURLOpen(t *testing.T) {
 	ctx := context.Background()
-	c, err := redisstore.FromURL("redis://127.0.0.1:6379?namespace=" + storetest.NewNamespace())
+	ns := storetest.NewNamespace()
+	// Delete keeps the namespace's token counter (idem:<ns>:seq): drop all
+	// of the namespace's keys, even when the test fails half way.
+	rc := sharedClient(t)
+	t.Cleanup(func() { dropPrefix(t, rc, "idem:"+ns+":") })
+	c, err := redisstore.FromURL("redis://127.0.0.1:6379?namespace=" + ns)
 	if err != nil {
 		t.Fatal(err)
 	}
