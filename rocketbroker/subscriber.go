@@ -616,16 +616,28 @@ func clientOffsets(pc rocketmq.PushConsumer) map[primitive.MessageQueue]int64 {
 }
 
 // confirmOffsets waits, up to settleWindow, until the broker reports for
-// each queue in want a committed offset of at least want's. The client's
-// Shutdown sends its offsets one way (UPDATE_CONSUMER_OFFSET, no answer
-// awaited), and the broker applies them on an executor of its own: the
-// group's next member, started once Close returns, could query the
-// offsets before they were applied and get every message acked since the
-// last periodic commit (5s) again. It gives up at once when the broker
-// cannot be asked (no route, a request error, an answer other than an
-// offset or "none yet"): the wait is for a lagging update, not for a
-// broker that is gone. With ACLs it does not ask: its requests are not
-// signed.
+// each queue in want a committed offset of at least want's, and commits
+// it itself when the broker does not. The client's Shutdown sends its
+// offsets one way (UPDATE_CONSUMER_OFFSET, the answer never read) and
+// closes its connections right after: the broker applies them on an
+// executor of its own, late (the group's next member, started once Close
+// returns, could query the offsets before they were applied), or never
+// reads them (its end of the connection was closed first: a pull answer
+// written to the closed client fails; 1 run in ~40 of brokertest's
+// NoAckBeforeEffect under load lost them). Either way the next member
+// would get every message acked since the last periodic commit (5s)
+// again. So a queue still behind gets the same offset sent again, as a
+// request whose answer is awaited, then once a second while it stays
+// behind. It gives up at once when the broker cannot be asked (no route,
+// a request error, an answer other than an offset or "none yet"): the
+// wait is for a lagging or lost update, not for a broker that is gone.
+// With ACLs it does not ask: its requests are not signed.
+//
+// Sending an offset again can move a queue back if another member, given
+// the queue by the rebalance this Close set off, committed past it in
+// between the query and the update: that member's messages from there on
+// are delivered again (never lost), and its next commit (5s) moves the
+// offset forward again.
 func (s *Subscriber) confirmOffsets(want map[primitive.MessageQueue]int64) {
 	if len(want) == 0 || s.cfg.AccessKey != "" {
 		return
@@ -639,6 +651,7 @@ func (s *Subscriber) confirmOffsets(want map[primitive.MessageQueue]int64) {
 		s.cfg.Logger.Warn("rocketbroker: offsets not confirmed at Close; the group's next member may get acked messages again",
 			"group", s.cfg.Group, "queues", len(want), "err", err)
 	}
+	resent := map[primitive.MessageQueue]time.Time{}
 	for {
 		for mq, off := range want {
 			r := routes[mq.Topic]
@@ -660,8 +673,8 @@ func (s *Subscriber) confirmOffsets(want map[primitive.MessageQueue]int64) {
 				giveUp(err)
 				return
 			}
-			got, err := offsetRequest(ctx, bc, remoting.QueryConsumerOffset, map[string]string{
-				"consumerGroup": s.cfg.Group, "topic": mq.Topic, "queueId": strconv.Itoa(mq.QueueId), "bname": mq.BrokerName})
+			q := map[string]string{"consumerGroup": s.cfg.Group, "topic": mq.Topic, "queueId": strconv.Itoa(mq.QueueId), "bname": mq.BrokerName}
+			got, err := offsetRequest(ctx, bc, remoting.QueryConsumerOffset, q)
 			switch {
 			case errors.Is(err, errNotFound):
 			case err != nil:
@@ -669,6 +682,16 @@ func (s *Subscriber) confirmOffsets(want map[primitive.MessageQueue]int64) {
 				return
 			case got >= off:
 				delete(want, mq)
+				continue
+			}
+			if at, ok := resent[mq]; ok && time.Since(at) < time.Second {
+				continue
+			}
+			resent[mq] = time.Now()
+			q["commitOffset"] = strconv.FormatInt(off, 10)
+			if err := commitOffset(ctx, bc, q); err != nil {
+				giveUp(err)
+				return
 			}
 		}
 		if len(want) == 0 {
@@ -683,6 +706,18 @@ func (s *Subscriber) confirmOffsets(want map[primitive.MessageQueue]int64) {
 			return
 		}
 	}
+}
+
+// commitOffset sends an UPDATE_CONSUMER_OFFSET and waits for its answer.
+func commitOffset(ctx context.Context, c *remoting.Conn, ext map[string]string) error {
+	resp, err := c.Invoke(ctx, newRequest(remoting.UpdateConsumerOffset, ext))
+	if err != nil {
+		return fmt.Errorf("rocketbroker: update consumer offset: %w", err)
+	}
+	if resp.Code != remoting.Success {
+		return fmt.Errorf("rocketbroker: update consumer offset: code %d: %s", resp.Code, resp.Remark)
+	}
+	return nil
 }
 
 // Started is how many times the push consumer started (1 once running).
