@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,32 +90,42 @@ func testEndToEnd(t *testing.T, c redis.UniversalClient, backend string, mode e2
 		c     *consumer.Consumer
 		chaos *e2etest.ChaosSub
 		sub   *streamsbroker.Subscriber
-		stop  context.CancelFunc
-		done  chan error
+		leave func() // stops the consumer and closes the subscriber, once
 	}
 	join := func(nakEvery int64) *member {
 		sub, err := streamsbroker.NewSubscriber(streamsbroker.SubscriberConfig{Client: c, Stream: stream, Group: "ledger", Logger: e2etest.Quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := &member{sub: sub, chaos: &e2etest.ChaosSub{Subscriber: sub, NakEvery: nakEvery}, done: make(chan error, 1)}
+		m := &member{sub: sub, chaos: &e2etest.ChaosSub{Subscriber: sub, NakEvery: nakEvery}}
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		var once sync.Once
+		running := false
+		m.leave = func() {
+			once.Do(func() {
+				stop()
+				if running {
+					if err := <-done; err != nil {
+						t.Errorf("Run = %v", err)
+					}
+				}
+				if err := sub.Close(); err != nil {
+					t.Errorf("Close = %v", err)
+				}
+			})
+		}
+		// Registered at creation, so it runs before the stream is dropped
+		// even when the test fails half way: a consumer left running
+		// would find the group gone and create the stream again.
+		t.Cleanup(m.leave)
 		m.c, err = consumer.New(ledger.ConsumerConfig(m.chaos, guard, mode))
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		m.stop = cancel
-		go func() { m.done <- m.c.Run(ctx) }()
+		running = true
+		go func() { done <- m.c.Run(ctx) }()
 		return m
-	}
-	leave := func(m *member) {
-		m.stop()
-		if err := <-m.done; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-		if err := m.sub.Close(); err != nil {
-			t.Errorf("Close = %v", err)
-		}
 	}
 	pub := newPub(t, c, nil)
 	dupPub := newPub(t, c, func(cfg *streamsbroker.PublisherConfig) { cfg.NoDedup = true })
@@ -125,11 +136,11 @@ func testEndToEnd(t *testing.T, c redis.UniversalClient, backend string, mode e2
 	m2 := join(0)
 	e2etest.Publish(t, pub, dupPub, stream, n/2, n, 0.2)
 	ledger.WaitDistinct(t, "three quarters of the messages", 3*n/4)
-	leave(m1)
+	m1.leave()
 	ledger.WaitDistinct(t, "every message", n)
 	elapsed := time.Since(consumeStart)
 	waitDrained(t, c, stream, "ledger", 2*time.Minute)
-	leave(m2)
+	m2.leave()
 
 	ledger.AssertExactlyOnce(t, n)
 	s1, s2 := m1.c.Stats(), m2.c.Stats()
