@@ -8,7 +8,14 @@
 //     test failure, never a skip. Its Insert / InsertBatch are the effects
 //     (one durable INSERT; one transaction with COPY per batch) and
 //     AssertExactlyOnce the verdict: every id exactly once, each row with
-//     its own message's payload.
+//     its own message's payload. Each row also says who wrote it (the
+//     claim's fencing token, the delivery count, the consumer named by
+//     ConsumerConfig, the process, the transaction, the time).
+//   - Evidence: when a test fails, the ledger's cleanup logs what explains
+//     it (Ledger.Explain): the rows of the duplicated ids, their pgstore
+//     records, and what the test's guards (NewGuard: claims again, leases
+//     lost, settles refused or unrecorded) and consumers (their warnings)
+//     reported about those keys.
 //   - Generate / Publish: messages msg-0000000... with a payload naming
 //     their index, and a fraction published a second time a batch later
 //     (through a second publisher where the broker would dedup them).

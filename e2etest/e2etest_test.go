@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/broker/membroker"
+	"github.com/idem-dev/idem/consumer"
 	"go.uber.org/goleak"
 )
 
@@ -183,5 +185,81 @@ func TestWaitFor(t *testing.T) {
 	})
 	if calls != 3 {
 		t.Fatalf("%d calls", calls)
+	}
+}
+
+// TestExplain: the ledger's rows say who wrote them (the claim's token,
+// the delivery, the consumer, the process), and the evidence a failed run
+// logs tells a duplicate's rows apart and lists what the guard and the
+// consumers reported about its key, with the key's record.
+func TestExplain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l := NewLedger(t, "idem_e2etest")
+	guard := NewGuard(t, OpenPGStore(t, l))
+	// msg-0000001 claimed and released once: the consumer's claim is its
+	// second (an event).
+	h, _, err := guard.Acquire(ctx, []byte(ID(1)))
+	if err != nil || h == nil {
+		t.Fatalf("Acquire = %v, %v", h, err)
+	}
+	if err := h.Release(ctx, errors.New("test release")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := membroker.New(membroker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.NewPublisher()
+	Publish(t, p, p, "tp", 0, 3, 0)
+	sub := b.NewSubscriber("tp", "g")
+	c, err := consumer.New(l.ConsumerConfig(sub, guard, Single))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	l.WaitDistinct(t, "the 3 messages", 3)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.Close()
+	_ = p.Close()
+
+	var n int
+	if err := l.Pool.QueryRow(ctx, `SELECT count(*) FROM `+l.Table+` WHERE token > 0 AND delivery = 1 AND member = 'c1' AND pid = $1`, pid).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("%d of 3 rows carry a token, delivery 1, consumer c1 and this process (err %v)", n, err)
+	}
+	// A second effect of msg-0000001 under another token, from c2.
+	if _, err := l.Pool.Exec(ctx, `INSERT INTO `+l.Table+` (msg_id, payload, token, delivery, member, pid)
+		SELECT msg_id, payload, token + 100, 2, 'c2', pid FROM `+l.Table+` WHERE msg_id = $1`, ID(1)); err != nil {
+		t.Fatal(err)
+	}
+	l.ev.logger("c2").Warn("consumer: test warning", "msg_id", ID(1))
+	got := l.explain(ctx)
+	for _, want := range []string{
+		"ledger: 4 rows, 3 distinct ids",
+		"1 ids written more than once (1 extra rows): 0 under one claim token, 1 under several, 0 with a row without a token; 0 with two rows in one transaction; 1 written by more than one consumer, 0 by more than one process",
+		ID(1) + ":\n",
+		`delivery 1 consumer "c1"`,
+		`delivery 2 consumer "c2"`,
+		"(1 rows)",
+		"record " + ID(1) + ": completed",
+		"attempts 2",
+		"events of " + ID(1) + ":",
+		"guard: release token",
+		"guard: claimed again (attempt 2)",
+		"c2: WARN consumer: test warning msg_id=" + ID(1),
+		"    re-claim: 1\n",
+		"    c2 WARN \"consumer: test warning\": 1\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("evidence lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, ID(0)+":") {
+		t.Errorf("evidence lists a message written once:\n%s", got)
 	}
 }

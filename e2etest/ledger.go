@@ -32,13 +32,30 @@ type Ledger struct {
 	Table  string // schema-qualified: Schema + ".ledger"
 
 	created time.Time
+	ev      *evidence    // the test's evidence; nil in a child process
+	members atomic.Int64 // consumers named by ConsumerConfig
 }
 
 var seq atomic.Int64
 
+// ledgerDDL is the ledger table. Besides the message, each row says who
+// wrote it, so that a duplicate explains itself (Explain): the claim's
+// fencing token (NULL where the handler had none: fail-open, or an effect
+// not run by the runtime), the broker's delivery count, the consumer
+// (ConsumerConfig's c1, c2...; empty otherwise), the process, the
+// PostgreSQL transaction and session, and the time of the write.
+const ledgerDDL = `(msg_id text NOT NULL, payload bytea,
+	token bigint, delivery int, member text NOT NULL DEFAULT '', pid int,
+	txid bigint NOT NULL DEFAULT txid_current(), backend int NOT NULL DEFAULT pg_backend_pid(),
+	applied_at timestamptz NOT NULL DEFAULT clock_timestamp())`
+
+// ledgerColumns are the columns an effect writes (see row).
+var ledgerColumns = []string{"msg_id", "payload", "token", "delivery", "member", "pid"}
+
 // NewLedger makes a schema named prefix_<unique> holding the ledger table
 // and drops it (CASCADE) at cleanup. It fails the test when PostgreSQL is
-// unreachable.
+// unreachable. If the test fails, its cleanup first logs what explains
+// the failure (Explain).
 func NewLedger(t testing.TB, prefix string) *Ledger {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -58,9 +75,13 @@ func NewLedger(t testing.TB, prefix string) *Ledger {
 	}
 	schema := fmt.Sprintf("%s_%d_%d_%d", prefix, os.Getpid(), time.Now().UnixNano()%1e9, seq.Add(1))
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`;
-		CREATE TABLE `+schema+`.ledger (msg_id text NOT NULL, payload bytea, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		CREATE TABLE `+schema+`.ledger `+ledgerDDL); err != nil {
 		pool.Close()
 		t.Fatal(err)
+	}
+	var ev *evidence
+	if _, bench := t.(*testing.B); !bench {
+		ev = evidenceFor(t)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -70,13 +91,39 @@ func NewLedger(t testing.TB, prefix string) *Ledger {
 		}
 		pool.Close()
 	})
-	return &Ledger{Pool: pool, Schema: schema, Table: schema + ".ledger", created: time.Now()}
+	l := &Ledger{Pool: pool, Schema: schema, Table: schema + ".ledger", created: time.Now(), ev: ev}
+	t.Cleanup(func() { // before the drop
+		if t.Failed() {
+			l.Explain(t)
+		}
+	})
+	return l
+}
+
+type memberKey struct{}
+
+// WithMember names the consumer whose effects run with ctx: the ledger
+// rows they write carry it (ConsumerConfig does this for its handlers).
+func WithMember(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, memberKey{}, name)
+}
+
+var pid = os.Getpid()
+
+// row is m's ledger row: its id and payload, and who writes it.
+func row(ctx context.Context, m *broker.Message) []any {
+	var token any // NULL: no claim token in ctx
+	if tk, ok := consumer.MessageToken(ctx, m); ok {
+		token = int64(tk)
+	}
+	member, _ := ctx.Value(memberKey{}).(string)
+	return []any{m.ID, m.Payload, token, m.Delivery, member, pid}
 }
 
 // Insert is the single-message effect: one autocommitted INSERT.
 func (l *Ledger) Insert() consumer.Handler {
 	return func(ctx context.Context, m *broker.Message) ([]byte, error) {
-		_, err := l.Pool.Exec(ctx, `INSERT INTO `+l.Table+` (msg_id, payload) VALUES ($1, $2)`, m.ID, m.Payload)
+		_, err := l.Pool.Exec(ctx, `INSERT INTO `+l.Table+` (`+strings.Join(ledgerColumns, ", ")+`) VALUES ($1, $2, $3, $4, $5, $6)`, row(ctx, m)...)
 		return nil, err
 	}
 }
@@ -97,9 +144,9 @@ func (l *Ledger) Copy(ctx context.Context, tx pgx.Tx, msgs []*broker.Message) er
 	}
 	rows := make([][]any, len(msgs))
 	for i, m := range msgs {
-		rows[i] = []any{m.ID, m.Payload}
+		rows[i] = row(ctx, m)
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.Schema, "ledger"}, []string{"msg_id", "payload"}, pgx.CopyFromRows(rows))
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{l.Schema, "ledger"}, ledgerColumns, pgx.CopyFromRows(rows))
 	return err
 }
 

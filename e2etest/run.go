@@ -1,6 +1,8 @@
 package e2etest
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -27,10 +29,18 @@ func MemStore(t testing.TB) *memstore.Store {
 	return s
 }
 
-// NewGuard is a quiet guard on store, closed at cleanup.
+// NewGuard is a quiet guard on store, closed at cleanup. In a test (not a
+// benchmark, whose figures it would change) it keeps evidence: its unusual
+// events and its warnings go to the test's recorder, which the ledger logs
+// if the test fails (see Ledger.Explain).
 func NewGuard(t testing.TB, store idem.Store, opts ...idem.Option) *idem.Guard {
 	t.Helper()
-	g, err := idem.NewGuard(store, append([]idem.Option{idem.WithLogger(Quiet())}, opts...)...)
+	base := []idem.Option{idem.WithLogger(Quiet())}
+	if _, bench := t.(*testing.B); !bench {
+		ev := evidenceFor(t)
+		base = []idem.Option{idem.WithLogger(ev.logger("guard")), idem.WithHooks(ev.hooks("guard"))}
+	}
+	g, err := idem.NewGuard(store, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +58,15 @@ const (
 
 // ConsumerConfig is the end-to-end tests' consumer configuration: 16
 // workers (4 in batch mode), up to 4,000 messages in flight, keep-alive
-// every second and a second's pause while the store is down.
+// every second and a second's pause while the store is down. Each call
+// names a consumer c1, c2... of this ledger: its rows carry the name
+// (column member) and its warnings go to the test's evidence.
 func (l *Ledger) ConsumerConfig(sub broker.Subscriber, guard *idem.Guard, mode Mode) consumer.Config {
+	member := fmt.Sprintf("c%d", l.members.Add(1))
+	logger := Quiet()
+	if l.ev != nil {
+		logger = l.ev.logger(member)
+	}
 	cfg := consumer.Config{
 		Subscriber:         sub,
 		Guard:              guard,
@@ -58,14 +75,16 @@ func (l *Ledger) ConsumerConfig(sub broker.Subscriber, guard *idem.Guard, mode M
 		FetchBatch:         500,
 		InProgressInterval: time.Second,
 		StoreDownDelay:     time.Second,
-		Logger:             Quiet(),
+		Logger:             logger,
 	}
 	if mode == Batch {
 		cfg.Workers = 4
-		cfg.BatchHandler = l.InsertBatch()
+		h := l.InsertBatch()
+		cfg.BatchHandler = func(ctx context.Context, msgs []*broker.Message) error { return h(WithMember(ctx, member), msgs) }
 		cfg.Batch = consumer.BatchConfig{Size: 500, Wait: 10 * time.Millisecond}
 	} else {
-		cfg.Handler = l.Insert()
+		h := l.Insert()
+		cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) { return h(WithMember(ctx, member), m) }
 	}
 	return cfg
 }
