@@ -3,6 +3,8 @@ package e2etest
 import (
 	"context"
 	"errors"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"syscall"
 	"testing"
@@ -26,18 +28,46 @@ func CPUTime() time.Duration {
 // reset timer; it reports msgs/s and cpu-µs/msg (CPU of this process, user
 // plus system: less sensitive to the machine's load than wall-clock
 // throughput, and blind to PostgreSQL, another process) and then fails
-// unless the ledger holds exactly n rows.
+// unless the ledger holds exactly n rows. With IDEM_BENCH_CPUPROFILE set
+// to a file name, it writes the CPU profile of the timed part alone there
+// (-test.cpuprofile also covers publishing and cleanup, which can take more
+// CPU than the consume itself); the last variant run overwrites the others.
 func BenchConsume(b *testing.B, l *Ledger, n int, run func()) {
 	b.Helper()
+	stop := startProfile(b)
 	b.ResetTimer()
 	start, cpu0 := time.Now(), CPUTime()
 	run()
 	elapsed, cpu := time.Since(start), CPUTime()-cpu0
 	b.StopTimer()
+	stop()
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/msg")
 	if total, _ := l.Counts(b); total != n {
 		b.Fatalf("ledger has %d rows, want %d", total, n)
+	}
+}
+
+// startProfile starts the CPU profile IDEM_BENCH_CPUPROFILE asks for, and
+// returns what stops it.
+func startProfile(b *testing.B) func() {
+	name := os.Getenv("IDEM_BENCH_CPUPROFILE")
+	if name == "" {
+		return func() {}
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatalf("%v (run without -test.cpuprofile)", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
 	}
 }
 
