@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -160,7 +161,46 @@ func (c PublisherConfig) Validate() error {
 	if c.Timeout < 0 {
 		errs = append(errs, errors.New("negative Timeout"))
 	}
+	errs = append(errs, checkExchange(c.Exchange, c.ExchangeType)...)
 	return invalid(errs)
+}
+
+// maxName is AMQP's limit on queue and exchange names (a shortstr).
+const maxName = 255
+
+// predeclared are the exchanges every broker has; any other amq.* name is
+// refused by the broker (ACCESS_REFUSED: reserved prefix).
+var predeclared = []string{"amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match"}
+
+// checkName refuses what the broker would refuse to declare: a name in
+// the reserved amq. namespace (other than a predeclared exchange) or
+// longer than 255 bytes. Without it the subscriber would log the broker's
+// refusal and retry for ever.
+func checkName(what, name string, exchange bool) error {
+	switch {
+	case len(name) > maxName:
+		return fmt.Errorf("%s %.20q... is %d bytes, over AMQP's %d", what, name, len(name), maxName)
+	case strings.HasPrefix(name, "amq.") && !(exchange && slices.Contains(predeclared, name)):
+		return fmt.Errorf("%s %q: the amq. prefix is reserved by the broker", what, name)
+	}
+	return nil
+}
+
+// checkExchange checks an exchange name and type ("" for the defaults):
+// the type is one AMQP defines, or a plugin's (x-...).
+func checkExchange(name, typ string) []error {
+	var errs []error
+	if err := checkName("Exchange", name, true); err != nil {
+		errs = append(errs, err)
+	}
+	switch typ {
+	case "", amqp.ExchangeDirect, amqp.ExchangeTopic, amqp.ExchangeFanout, amqp.ExchangeHeaders:
+	default:
+		if !strings.HasPrefix(typ, "x-") {
+			errs = append(errs, fmt.Errorf("ExchangeType %q: not direct, topic, fanout, headers or a plugin's x- type", typ))
+		}
+	}
+	return errs
 }
 
 // TermPolicy is what Acker.Term does with a delivery.
@@ -288,6 +328,26 @@ func (c SubscriberConfig) Validate() error {
 	}
 	if c.ConsumerTimeout < 0 {
 		errs = append(errs, errors.New("negative ConsumerTimeout"))
+	}
+	errs = append(errs, checkExchange(c.Exchange, c.ExchangeType)...)
+	if c.Queue != "" {
+		// The names the subscriber declares; the first refused one is
+		// reported (a bad Queue makes every derived name bad).
+		d := c.withDefaults()
+		check := []error{
+			checkName("Queue", d.Queue, false),
+			checkName("DeadLetterExchange", d.DeadLetterExchange, true),
+			checkName("DeadLetterQueue", d.DeadLetterQueue, false),
+		}
+		for _, b := range d.DelayBuckets {
+			check = append(check, checkName("delay queue", d.DelayQueue(b), false))
+		}
+		for _, err := range check {
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
 	}
 	return invalid(errs)
 }

@@ -82,6 +82,11 @@ func TestConfigValidate(t *testing.T) {
 		"tiny bucket":    func(c *rabbitbroker.SubscriberConfig) { c.DelayBuckets = []time.Duration{time.Microsecond} },
 		"recovery on":    func(c *rabbitbroker.SubscriberConfig) { c.AMQP.Recovery = &amqp.Recovery{} },
 		"multiplier 0.5": func(c *rabbitbroker.SubscriberConfig) { c.Reconnect.Multiplier = 0.5 },
+		"exchange type":  func(c *rabbitbroker.SubscriberConfig) { c.ExchangeType = "dirct" },
+		"queue amq.":     func(c *rabbitbroker.SubscriberConfig) { c.Queue = "amq.orders" },
+		"exchange amq.":  func(c *rabbitbroker.SubscriberConfig) { c.Exchange = "amq.idem" },
+		"queue too long": func(c *rabbitbroker.SubscriberConfig) { c.Queue = strings.Repeat("q", 250) },
+		"dlq amq.":       func(c *rabbitbroker.SubscriberConfig) { c.DeadLetterQueue = "amq.dlq" },
 	} {
 		c := ok
 		mutate(&c)
@@ -94,6 +99,26 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (rabbitbroker.PublisherConfig{}).Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Errorf("publisher without URL: %v", err)
+	}
+	pub := rabbitbroker.PublisherConfig{Conn: rabbitbroker.Conn{URL: rabbitURL()}}
+	for _, c := range []rabbitbroker.PublisherConfig{
+		{Conn: pub.Conn, ExchangeType: "fanot"},
+		{Conn: pub.Conn, Exchange: "amq.idem"},
+	} {
+		if err := c.Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("publisher exchange %q type %q: Validate = %v, want ErrInvalidArgument", c.Exchange, c.ExchangeType, err)
+		}
+	}
+	// The broker's predeclared amq.* exchanges may be declared again (same
+	// type), and plugin exchange types start with x-.
+	for _, c := range []rabbitbroker.PublisherConfig{
+		{Conn: pub.Conn, ExchangeType: "topic"},
+		{Conn: pub.Conn, Exchange: "amq.topic", ExchangeType: "topic"},
+		{Conn: pub.Conn, ExchangeType: "x-consistent-hash"},
+	} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("publisher exchange type %q: %v", c.ExchangeType, err)
+		}
 	}
 }
 
@@ -575,4 +600,98 @@ func TestClassicQueue(t *testing.T) {
 			t.Errorf("%s is not a classic queue", q)
 		}
 	}
+}
+
+// TestDefaultsOnTheServer: what the broker itself reports for a subscriber
+// and a publisher left at their defaults, i.e. the seeds' reliable
+// settings applied without being asked for (docs/rabbitbroker.md,
+// "Defaults and where they come from"): a quorum work queue with
+// x-delivery-limit 20, a dead-letter exchange, at-least-once
+// dead-lettering and reject-publish overflow; a quorum dead-letter queue;
+// a consumer with manual acks and prefetch 1024; a publisher channel in
+// confirm mode. (Persistent messages: TestPropertiesAndTrace.)
+func TestDefaultsOnTheServer(t *testing.T) {
+	x := newTopo(t)
+	cfg := x.subConfig(t, "g")
+	s := subscriber(t, cfg)
+	pcfg := x.pubConfig()
+	pcfg.Name = unique(t, "idemtest-pub")
+	p, err := rabbitbroker.NewPublisher(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	publish(t, p, msgs(x.Topic, "d", 1)...)
+	m := fetchN(t, s, 1, 10*time.Second)[0]
+	defer m.Acker.Ack(ctxT(t, 5*time.Second))
+
+	queues := rabbitctl(t, "list_queues", "name", "type", "arguments")
+	want := map[string][]string{
+		cfg.Queue: {"quorum", `{"x-delivery-limit",20}`, `{"x-dead-letter-exchange","` + cfg.Queue + `.dlx"}`,
+			`{"x-dead-letter-strategy","at-least-once"}`, `{"x-overflow","reject-publish"}`},
+		cfg.Queue + ".dlq": {"quorum"},
+	}
+	for q, parts := range want {
+		row, ok := queues[q]
+		if !ok {
+			t.Errorf("queue %s not listed", q)
+			continue
+		}
+		if row[0] != parts[0] {
+			t.Errorf("queue %s: type %s, want %s", q, row[0], parts[0])
+		}
+		for _, a := range parts[1:] {
+			if !strings.Contains(row[1], a) {
+				t.Errorf("queue %s: arguments %s, want %s among them", q, row[1], a)
+			}
+		}
+	}
+
+	consumers := rabbitctl(t, "list_consumers", "queue_name", "ack_required", "prefetch_count")
+	if row, ok := consumers[cfg.Queue]; !ok || row[0] != "true" || row[1] != "1024" {
+		t.Errorf("consumer of %s: %v (ack_required, prefetch_count), want [true 1024]", cfg.Queue, row)
+	}
+
+	// The publisher's connection, by its name, and its channels' confirm
+	// flag: its publish channel is in confirm mode.
+	var pid string
+	for id, row := range rabbitctl(t, "list_connections", "pid", "client_properties") {
+		if strings.Contains(row[0], `{"connection_name","`+pcfg.Name+`"}`) {
+			pid = id
+		}
+	}
+	if pid == "" {
+		t.Fatalf("publisher connection %s not listed", pcfg.Name)
+	}
+	confirm := false
+	out, err := exec.Command("rabbitmqctl", "-q", "list_channels", "--no-table-headers", "connection", "confirm").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_channels: %v\n%s", err, out)
+	}
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Split(strings.TrimSpace(line), "\t"); len(f) == 2 && f[0] == pid && f[1] == "true" {
+			confirm = true
+		}
+	}
+	if !confirm {
+		t.Errorf("no channel of the publisher's connection is in confirm mode:\n%s", out)
+	}
+}
+
+// rabbitctl runs rabbitmqctl list_<what> with the given columns and returns
+// its rows keyed by the first column.
+func rabbitctl(t testing.TB, cmd string, columns ...string) map[string][]string {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", append([]string{"-q", cmd, "--no-table-headers"}, columns...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", cmd, err, out)
+	}
+	rows := map[string][]string{}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Split(strings.TrimRight(line, "\n"), "\t")
+		if len(f) == len(columns) {
+			rows[f[0]] = f[1:]
+		}
+	}
+	return rows
 }
