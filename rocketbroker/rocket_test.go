@@ -134,33 +134,44 @@ func TestNakCountsDelivery(t *testing.T) {
 	none(t, s, 2*time.Second)
 }
 
-// TestDeliveryLimit: with MaxReconsumeTimes 2 a message naked on every
-// delivery is delivered MaxDeliveries (3) times; the nak on the third
-// sends it to %DLQ%<group>, from which nothing is redelivered.
+// TestDeliveryLimit: a message naked on every delivery is delivered
+// MaxDeliveries times (MaxReconsumeTimes+1) and the last nak sends it to
+// %DLQ%<group>, from which nothing is redelivered: with 2, and with the
+// default 3 (seed 000's maxReconsumeTimes), which shows the default
+// reaches the broker (the fake's own, as the broker's retryMaxTimes, is 16).
 func TestDeliveryLimit(t *testing.T) {
 	t.Parallel()
-	x := quickTopic(t, 1)
-	cfg := x.subConfig(t, "g")
-	cfg.MaxReconsumeTimes = 2
-	s := subscriber(t, cfg)
-	if s.MaxDeliveries() != 3 {
-		t.Fatalf("MaxDeliveries %d", s.MaxDeliveries())
-	}
-	publish(t, x.publisher(t), msg(x.Name, "limit-1"))
-	for want := 1; want <= 3; want++ {
-		got := next(t, s, 30*time.Second)
-		if got.Delivery != want {
-			t.Fatalf("delivery %d has Delivery %d", want, got.Delivery)
-		}
-		if err := got.Acker.Nak(ctxT(t, 10*time.Second), 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	none(t, s, 2*time.Second)
-	if x.c.fake != nil {
-		if dlq := x.c.fake.Messages("%DLQ%" + cfg.Group); len(dlq) != 1 || dlq[0].Properties["idem-message-id"] != "limit-1" || dlq[0].ReconsumeTimes != 3 {
-			t.Fatalf("%%DLQ%%: %+v", dlq)
-		}
+	for _, tc := range []struct {
+		name      string
+		reconsume int
+		want      int
+	}{{"2", 2, 3}, {"default", 0, 4}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			x := quickTopic(t, 1)
+			cfg := x.subConfig(t, "g")
+			cfg.MaxReconsumeTimes = tc.reconsume
+			s := subscriber(t, cfg)
+			if s.MaxDeliveries() != tc.want {
+				t.Fatalf("MaxDeliveries %d, want %d", s.MaxDeliveries(), tc.want)
+			}
+			publish(t, x.publisher(t), msg(x.Name, "limit-1"))
+			for want := 1; want <= tc.want; want++ {
+				got := next(t, s, 30*time.Second)
+				if got.Delivery != want {
+					t.Fatalf("delivery %d has Delivery %d", want, got.Delivery)
+				}
+				if err := got.Acker.Nak(ctxT(t, 10*time.Second), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			none(t, s, 2*time.Second)
+			if x.c.fake != nil {
+				if dlq := x.c.fake.Messages("%DLQ%" + cfg.Group); len(dlq) != 1 || dlq[0].Properties["idem-message-id"] != "limit-1" || dlq[0].ReconsumeTimes != tc.want {
+					t.Fatalf("%%DLQ%%: %+v", dlq)
+				}
+			}
+		})
 	}
 }
 
