@@ -107,6 +107,20 @@ func (c PublisherConfig) Validate() error {
 	if c.SendTimeout < 0 {
 		errs = append(errs, errors.New("negative SendTimeout"))
 	}
+	if c.Retries < -1 {
+		errs = append(errs, errors.New("Retries must be -1 (none) or >= 0"))
+	}
+	// The Java client refuses such producer group names at start
+	// (Validators.checkGroup: topic characters, at most 255 bytes); the
+	// Go client would send them.
+	switch {
+	case len(c.Group) > 255:
+		errs = append(errs, fmt.Errorf("Group is %d bytes, over 255", len(c.Group)))
+	case c.Group != "":
+		if err := remoting.CheckChars(c.Group); err != nil {
+			errs = append(errs, fmt.Errorf("Group: %w", err))
+		}
+	}
 	return invalid(errs)
 }
 

@@ -73,6 +73,26 @@ func TestConfigValidate(t *testing.T) {
 	if err := (rocketbroker.PublisherConfig{}).Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Errorf("empty publisher config: %v", err)
 	}
+	pub := rocketbroker.PublisherConfig{Client: ok.Client}
+	if err := pub.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Producer groups may be up to 255 bytes (the Java client's limit), unlike topics.
+	if err := (rocketbroker.PublisherConfig{Client: ok.Client, Group: strings.Repeat("g", 255)}).Validate(); err != nil {
+		t.Errorf("255-byte producer group: %v", err)
+	}
+	for name, mut := range map[string]func(*rocketbroker.PublisherConfig){
+		"bad group":  func(c *rocketbroker.PublisherConfig) { c.Group = "a b" },
+		"long group": func(c *rocketbroker.PublisherConfig) { c.Group = strings.Repeat("g", 256) },
+		"bad tail":   func(c *rocketbroker.PublisherConfig) { c.Group = strings.Repeat("g", 200) + "!" },
+		"retries -2": func(c *rocketbroker.PublisherConfig) { c.Retries = -2 },
+	} {
+		c := pub
+		mut(&c)
+		if err := c.Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
+			t.Errorf("publisher %s: Validate() = %v", name, err)
+		}
+	}
 }
 
 func TestDeliveryLimitAndWindow(t *testing.T) {

@@ -111,6 +111,11 @@ func CheckName(name string) error {
 	if len(name) > 127 {
 		return fmt.Errorf("%q is longer than 127 bytes", name)
 	}
+	return CheckChars(name)
+}
+
+// CheckChars reports a name with a character outside [%|a-zA-Z0-9_-].
+func CheckChars(name string) error {
 	for _, r := range name {
 		if !(r == '%' || r == '|' || r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
 			return fmt.Errorf("%q contains illegal characters, allowing only ^[%%|a-zA-Z0-9_-]+$", name)
