@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"syscall"
 	"testing"
 	"time"
 
@@ -39,7 +38,7 @@ func BenchmarkRuntime(b *testing.B) {
 			sub := mb.NewSubscriber("t", "g")
 			defer sub.Close()
 			b.ResetTimer()
-			start, cpu0 := time.Now(), cpuTime()
+			start, cpu0 := time.Now(), consumer.CPUTime()
 			if mode == "raw" {
 				for done := 0; done < b.N; {
 					ms, err := sub.Fetch(context.Background(), 256)
@@ -54,7 +53,7 @@ func BenchmarkRuntime(b *testing.B) {
 			} else {
 				runConsumer(b, sub, mode == "batch")
 			}
-			elapsed, cpu := time.Since(start), cpuTime()-cpu0
+			elapsed, cpu := time.Since(start), consumer.CPUTime()-cpu0
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 			b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-µs/msg")
 		})
@@ -89,13 +88,4 @@ func runConsumer(b *testing.B, sub broker.Subscriber, batch bool) {
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
-}
-
-// cpuTime is this process's user+system CPU time so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
