@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -101,7 +102,11 @@ type shard struct {
 	m    map[string]*entry
 	next uint64 // last token issued by this shard; a key always maps to one shard
 	max  int
-	_    [64]byte // keep neighbouring shard locks off one cache line
+	// soonest is at most the earliest expiresAt of the shard's entries
+	// (math.MaxInt64 when it has none): a purge before then has nothing
+	// to drop and skips the scan of the whole map.
+	soonest int64
+	_       [56]byte // keep neighbouring shard locks off one cache line
 }
 
 type entry struct {
@@ -158,6 +163,7 @@ func (b *backend) space(ns string) *space {
 	for i := range sp.shards {
 		sp.shards[i].m = make(map[string]*entry)
 		sp.shards[i].max = per
+		sp.shards[i].soonest = math.MaxInt64
 	}
 	b.spaces[ns] = sp
 	return sp
@@ -197,17 +203,31 @@ func (b *backend) sweeper() {
 
 // purge drops expired entries (at most limit if limit > 0). Caller holds mu.
 func (sh *shard) purge(now int64, limit int) int {
+	if now < sh.soonest {
+		return 0
+	}
 	n := 0
+	soonest := int64(math.MaxInt64)
 	for k, e := range sh.m {
-		if e.expiresAt <= now {
-			delete(sh.m, k)
-			n++
-			if limit > 0 && n >= limit {
-				break
-			}
+		if e.expiresAt > now {
+			soonest = min(soonest, e.expiresAt)
+			continue
+		}
+		delete(sh.m, k)
+		n++
+		if limit > 0 && n >= limit {
+			return n // not every entry seen: soonest stays the bound it was
 		}
 	}
+	sh.soonest = soonest
 	return n
+}
+
+// expires notes that an entry of the shard now expires at at. Every write
+// of an entry's expiresAt goes through it. Caller holds mu.
+func (sh *shard) expires(e *entry, at int64) {
+	e.expiresAt = at
+	sh.soonest = min(sh.soonest, at)
 }
 
 func (s *Store) shard(key []byte) *shard {
@@ -282,7 +302,7 @@ func (sh *shard) claim(req *idem.ClaimRequest, now int64) (idem.Claim, error) {
 		}
 		e.ttl = ttl
 		e.leaseUntil = now + lease
-		e.expiresAt = max(now+ttl, e.leaseUntil)
+		sh.expires(e, max(now+ttl, e.leaseUntil))
 		e.updated = now
 		return idem.Claim{Outcome: idem.OutcomeAcquired, Record: e.record(req.Key)}, nil
 	}
@@ -292,17 +312,23 @@ func (sh *shard) claim(req *idem.ClaimRequest, now int64) (idem.Claim, error) {
 		}
 	}
 	sh.next++
-	ne := &entry{state: idem.StateInProgress, token: sh.next, attempts: 1, fp: clone(req.Fingerprint),
-		ttl: ttl, leaseUntil: now + lease, created: now, updated: now}
-	ne.expiresAt = max(now+ttl, ne.leaseUntil)
-	if e != nil {
-		*e = *ne // reuse the expired entry and its map key
-		ne = e
-	} else {
+	ne := e
+	if ne == nil {
+		ne = new(entry)
 		sh.m[string(req.Key)] = ne
 	}
+	// A new entry, or the expired one reused with its map key.
+	*ne = entry{state: idem.StateInProgress, token: sh.next, attempts: 1, fp: clone(req.Fingerprint),
+		ttl: ttl, leaseUntil: now + lease, created: now, updated: now}
+	sh.expires(ne, max(now+ttl, ne.leaseUntil))
+	// The record's key and fingerprint are the request's own slices, equal
+	// to what the entry holds (its own copy): no second copy.
+	fp := req.Fingerprint
+	if len(fp) == 0 {
+		fp = nil
+	}
 	return idem.Claim{Outcome: idem.OutcomeAcquired, Record: idem.Record{
-		Key: req.Key, State: idem.StateInProgress, Token: ne.token, Fingerprint: clone(ne.fp), Attempts: 1,
+		Key: req.Key, State: idem.StateInProgress, Token: ne.token, Fingerprint: fp, Attempts: 1,
 		LeaseUntil: unix(ne.leaseUntil), ExpiresAt: unix(ne.expiresAt), CreatedAt: unix(now), UpdatedAt: unix(now),
 	}}, nil
 }
@@ -346,7 +372,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 }
 
 // settle runs fn on the live entry held by token.
-func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(e *entry, now int64) error) error {
+func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(sh *shard, e *entry, now int64) error) error {
 	if err := idem.ValidateToken(key, token); err != nil {
 		return err
 	}
@@ -354,6 +380,11 @@ func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(e 
 	if err != nil {
 		return err
 	}
+	return s.settleAt(now, key, token, fn)
+}
+
+// settleAt is settle at time now, the key and token checked.
+func (s *Store) settleAt(now int64, key []byte, token uint64, fn func(sh *shard, e *entry, now int64) error) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -364,7 +395,7 @@ func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(e 
 	if e.token != token {
 		return fmt.Errorf("%w: key %q: token %d, current %d", idem.ErrFenced, key, token, e.token)
 	}
-	if err := fn(e, now); err != nil {
+	if err := fn(sh, e, now); err != nil {
 		return fmt.Errorf("%w: key %q is %s", err, key, e.state)
 	}
 	return nil
@@ -375,27 +406,42 @@ func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result [
 	if err := idem.ValidateResult(result); err != nil {
 		return err
 	}
-	return s.settle(ctx, key, token, func(e *entry, now int64) error {
-		switch e.state {
-		case idem.StateCompleted:
-			return nil
-		case idem.StateInProgress:
-			e.state, e.result, e.updated = idem.StateCompleted, clone(result), now
-			e.leaseUntil, e.expiresAt = 0, now+e.ttl
-			return nil
-		}
-		return idem.ErrFenced
-	})
+	return s.settle(ctx, key, token, func(sh *shard, e *entry, now int64) error { return sh.complete(e, result, now) })
 }
 
-// CompleteBatch implements idem.BatchCompleter.
+// complete applies a Complete to e. Caller holds sh.mu.
+func (sh *shard) complete(e *entry, result []byte, now int64) error {
+	switch e.state {
+	case idem.StateCompleted:
+		return nil
+	case idem.StateInProgress:
+		e.state, e.result, e.updated = idem.StateCompleted, clone(result), now
+		e.leaseUntil = 0
+		sh.expires(e, now+e.ttl)
+		return nil
+	}
+	return idem.ErrFenced
+}
+
+// CompleteBatch implements idem.BatchCompleter: each entry as Complete
+// would apply it, all at one reading of the clock.
 func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
-	if _, err := s.begin(ctx); err != nil {
+	now, err := s.begin(ctx)
+	if err != nil {
 		return nil, err
 	}
 	errs := make([]error, len(cs))
-	for i, c := range cs {
-		errs[i] = s.Complete(ctx, c.Key, c.Token, c.Result)
+	for i := range cs {
+		c := &cs[i]
+		if err := idem.ValidateResult(c.Result); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := idem.ValidateToken(c.Key, c.Token); err != nil {
+			errs[i] = err
+			continue
+		}
+		errs[i] = s.settleAt(now, c.Key, c.Token, func(sh *shard, e *entry, now int64) error { return sh.complete(e, c.Result, now) })
 	}
 	return errs, nil
 }
@@ -405,7 +451,7 @@ func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause str
 	if err := idem.ValidateCause(cause); err != nil {
 		return err
 	}
-	return s.settle(ctx, key, token, func(e *entry, now int64) error {
+	return s.settle(ctx, key, token, func(_ *shard, e *entry, now int64) error {
 		switch e.state {
 		case idem.StateReleased:
 			return nil
@@ -425,13 +471,14 @@ func (s *Store) Fail(ctx context.Context, key []byte, token uint64, cause string
 	if err := idem.ValidateCause(cause); err != nil {
 		return err
 	}
-	return s.settle(ctx, key, token, func(e *entry, now int64) error {
+	return s.settle(ctx, key, token, func(sh *shard, e *entry, now int64) error {
 		switch e.state {
 		case idem.StateFailed:
 			return nil
 		case idem.StateInProgress:
 			e.state, e.lastErr, e.updated = idem.StateFailed, cause, now
-			e.leaseUntil, e.expiresAt = 0, now+e.ttl
+			e.leaseUntil = 0
+			sh.expires(e, now+e.ttl)
 			return nil
 		}
 		return idem.ErrFenced
@@ -443,12 +490,12 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 	if err := idem.ValidateLease(lease); err != nil {
 		return err
 	}
-	return s.settle(ctx, key, token, func(e *entry, now int64) error {
+	return s.settle(ctx, key, token, func(sh *shard, e *entry, now int64) error {
 		if e.state != idem.StateInProgress {
 			return idem.ErrFenced
 		}
 		e.leaseUntil, e.updated = now+int64(lease), now
-		e.expiresAt = max(e.expiresAt, e.leaseUntil)
+		sh.expires(e, max(e.expiresAt, e.leaseUntil))
 		return nil
 	})
 }

@@ -56,6 +56,46 @@ func TestCapacityFailsClosed(t *testing.T) {
 	}
 }
 
+// A purge skips a shard whose entries all expire later than the earliest
+// expiry it knows of; a takeover with a shorter TTL brings that earlier,
+// so the full shard finds room once the retaken key expires.
+func TestCapacityAfterShorterTakeover(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	s, err := memstore.New(memstore.Config{MaxEntries: 2, Shards: 1, Clock: clk, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.Claim(ctx, req("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, []byte("a"), c.Record.Token, ""); err != nil {
+		t.Fatal(err)
+	}
+	short := idem.ClaimRequest{Key: []byte("a"), Lease: time.Second, TTL: time.Second}
+	if c, err := s.Claim(ctx, short); err != nil || c.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("takeover: %v %v", c.Outcome, err)
+	}
+	if _, err := s.Claim(ctx, req("b")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, req("c")); !errors.Is(err, idem.ErrCapacity) {
+		t.Fatalf("claim beyond MaxEntries: %v, want ErrCapacity", err)
+	}
+	clk.Add(2 * time.Second) // "a" expired, "b" not
+	if c, err := s.Claim(ctx, req("c")); err != nil || c.Outcome != idem.OutcomeAcquired {
+		t.Fatalf("after a's expiry: %v %v", c.Outcome, err)
+	}
+	if n, err := s.Purge(ctx, 0); n != 0 || err != nil {
+		t.Fatalf("Purge = %d, %v; want nothing left to drop", n, err)
+	}
+	clk.Add(2 * time.Hour)
+	if n, err := s.Purge(ctx, 0); n != 2 || err != nil {
+		t.Fatalf("Purge = %d, %v; want b and c dropped", n, err)
+	}
+}
+
 func TestSweeperDropsExpired(t *testing.T) {
 	s, err := memstore.New(memstore.Config{SweepInterval: 10 * time.Millisecond})
 	if err != nil {
@@ -111,7 +151,10 @@ func TestReturnedBytesAreCopies(t *testing.T) {
 	s, _ := memstore.New(memstore.Config{})
 	defer s.Close()
 	res := []byte("result")
-	c, _ := s.Claim(ctx, idem.ClaimRequest{Key: []byte("k"), Fingerprint: []byte("fp"), Lease: time.Minute, TTL: time.Hour})
+	fp := []byte("fp")
+	c, _ := s.Claim(ctx, idem.ClaimRequest{Key: []byte("k"), Fingerprint: fp, Lease: time.Minute, TTL: time.Hour})
+	c.Record.Fingerprint[1] = 'Q' // the claim's record may share the request's bytes, never the store's
+	fp[0] = 'W'
 	s.Complete(ctx, []byte("k"), c.Record.Token, res)
 	res[0] = 'X'
 	r, _ := s.Get(ctx, []byte("k"))
