@@ -13,8 +13,9 @@ type window struct {
 	mu      sync.Mutex
 	used    int
 	max     int
-	waiting int           // acquire calls waiting for room
-	changed chan struct{} // closed and replaced on a release while someone waits
+	waiting int           // acquire calls waiting on changed
+	need    int           // the smallest low of those calls
+	changed chan struct{} // closed and replaced once a release frees need slots
 }
 
 func newWindow(max int) *window {
@@ -32,6 +33,9 @@ func (w *window) acquire(ctx context.Context, low, want int) (int, error) {
 			return n, nil
 		}
 		ch := w.changed
+		if w.waiting == 0 || low < w.need {
+			w.need = low
+		}
 		w.waiting++
 		w.mu.Unlock()
 		var err error
@@ -41,22 +45,33 @@ func (w *window) acquire(ctx context.Context, low, want int) (int, error) {
 			err = ctx.Err()
 		}
 		w.mu.Lock()
-		w.waiting--
+		if ch == w.changed {
+			w.waiting-- // not woken: ctx ended
+		}
 		if err != nil {
 			return 0, err
 		}
 	}
 }
 
+// release frees n slots. Waiters are woken only once the room they wait
+// for is free: settling a batch releases its slots one message at a time,
+// and waking the fetch loop for each (a channel made and closed, a
+// goroutine scheduled to find it still too little) cost more than the
+// release itself.
 func (w *window) release(n int) {
 	if n <= 0 {
 		return
 	}
 	w.mu.Lock()
 	w.used -= n
-	if w.waiting > 0 {
+	if w.waiting > 0 && w.max-w.used >= w.need {
+		// Every waiter is woken and waits again, on the new channel,
+		// only if there is still too little room: until then the
+		// releases that follow have no one to wake.
 		close(w.changed)
 		w.changed = make(chan struct{})
+		w.waiting = 0
 	}
 	w.mu.Unlock()
 }
