@@ -39,6 +39,12 @@
 //     in-flight work (claims in progress after the kill, read from the
 //     store; messages held when the store went down; refused calls of
 //     every kind during it).
+//   - The same with the records outside the ledger's database
+//     (ChildConfig.Store, e.g. Redis): the child's effects commit apart
+//     from their completions, so it applies ChildConfig.Apply effects and
+//     then holds what it claims; the parent kills it once WaitRecorded has
+//     seen every effect recorded, and CheckFaultRunOn reads the keys in
+//     progress from the store (InProgressIn).
 //
 // The broker-specific parts stay with each adapter: starting the broker,
 // the fault schedule (rebalance, kill, store outage, orphaned claims) and

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,4 +105,29 @@ func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() (done
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// RunConsumer builds a consumer from cfg and runs it in a goroutine until
+// stop, which returns Run's error; cleanup stops it too (stop may be
+// called more than once: later calls return the first one's answer).
+func RunConsumer(t testing.TB, cfg consumer.Config) (c *consumer.Consumer, stop func() error) {
+	t.Helper()
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			runErr = <-done
+		})
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return c, stop
 }

@@ -81,55 +81,18 @@ func TestEndToEndFaults(t *testing.T) {
 	// The effect is outside the store: the lease must outlast the outage,
 	// or a completion refused during it could be overtaken (docs/consumer.md).
 	guard := e2etest.NewGuard(t, fs.WithBatch(), idem.WithLease(time.Minute))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sub, err := natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{JS: js, Stream: stream, Durable: "ledger"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
 	gate := &e2etest.Gate{}
 	eff := &e2etest.Effects{Ledger: ledger, Gate: gate, Delay: 2 * time.Millisecond}
-	cfg := e2etest.FaultConsumerConfig(sub, guard, deadLetterPublisher(t), dlq)
+	cfg := e2etest.FaultConsumerConfig(faultSubscriber(t, stream), guard, deadLetterPublisher(t), dlq)
 	cfg.Handler = eff.Handler()
-	c, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
-	holdsBefore := c.Stats().Holds
-	outage := e2etest.Outage(t, fs, gate, 8, 25*time.Second)
-	holds := c.Stats().Holds - holdsBefore
-	t.Logf("store outage: %s; the consumer held %d deliveries meanwhile", outage, holds)
-	if holds == 0 || outage.Claims() == 0 {
-		// Order keys are message keys here: the workers the held
-		// deliveries freed must have claimed others and been refused.
-		t.Fatalf("the outage never reached the consumer: %d deliveries held, %d claims refused (stats %+v)", holds, outage.Claims(), c.Stats())
-	}
+	c, stop := e2etest.RunConsumer(t, cfg)
+	faultOutage(t, fs, gate, c, 25*time.Second)
 
 	ledger.WaitDistinct(t, "every message but the poison", n-e2etest.Poisons(n))
-	cons, err := js.Consumer(context.Background(), stream, "ledger")
-	if err != nil {
+	waitDrained(t, stream)
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	e2etest.WaitFor(t, "the stream to drain", 3*time.Minute, func() (bool, string) {
-		info, err := cons.Info(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.NumPending == 0 && info.NumAckPending == 0, fmt.Sprintf("%d pending, %d unacked, %d redelivered", info.NumPending, info.NumAckPending, info.NumRedelivered)
-	})
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	done <- nil
 	ledger.CheckFaultRun(t, n, readAll(t, dlq))
 	poisoned, flakes := eff.Failures()
 	if flakes == 0 || poisoned == 0 {
@@ -146,13 +109,54 @@ func TestEndToEndChild(t *testing.T) {
 		t.Skip("runs only as TestEndToEndFaults's child process")
 	}
 	stream, dlq, _ := strings.Cut(params, " ")
+	e2etest.RunChild(t, e2etest.ChildConfig{Subscriber: faultSubscriber(t, stream), DeadLetter: deadLetterPublisher(t), DeadLetterTopic: dlq})
+}
+
+// faultSubscriber is the fault scenarios' subscriber to stream: the
+// durable "ledger" with the adapter's defaults, closed at cleanup.
+func faultSubscriber(t testing.TB, stream string) broker.Subscriber {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	sub, err := natsbroker.NewSubscriber(ctx, natsbroker.SubscriberConfig{JS: js, Stream: stream, Durable: "ledger"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e2etest.RunChild(t, e2etest.ChildConfig{Subscriber: sub, DeadLetter: deadLetterPublisher(t), DeadLetterTopic: dlq})
+	t.Cleanup(func() { sub.Close() })
+	return sub
+}
+
+// faultOutage is e2etest.Outage for d, 8 messages held at the gate at its
+// start, and fails the test unless the consumer c held deliveries and
+// claims were refused meanwhile: order keys are message keys here, so the
+// workers the held deliveries freed must have claimed others.
+func faultOutage(t testing.TB, fs *faultstore.Store, gate *e2etest.Gate, c *consumer.Consumer, d time.Duration) e2etest.OutageReport {
+	t.Helper()
+	holdsBefore := c.Stats().Holds
+	outage := e2etest.Outage(t, fs, gate, 8, d)
+	holds := c.Stats().Holds - holdsBefore
+	t.Logf("store outage: %s; the consumer held %d deliveries meanwhile, %d completions unrecorded", outage, holds, c.Stats().Unrecorded)
+	if holds == 0 || outage.Claims() == 0 {
+		t.Fatalf("the outage never reached the consumer: %d deliveries held, %d claims refused (stats %+v)", holds, outage.Claims(), c.Stats())
+	}
+	return outage
+}
+
+// waitDrained waits until stream's durable "ledger" has nothing pending
+// or unacked.
+func waitDrained(t testing.TB, stream string) {
+	t.Helper()
+	cons, err := js.Consumer(context.Background(), stream, "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2etest.WaitFor(t, "the stream to drain", 3*time.Minute, func() (bool, string) {
+		info, err := cons.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumPending == 0 && info.NumAckPending == 0, fmt.Sprintf("%d pending, %d unacked, %d redelivered", info.NumPending, info.NumAckPending, info.NumRedelivered)
+	})
 }
 
 // deadLetterPublisher publishes without Nats-Msg-Id, so the server's

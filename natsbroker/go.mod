@@ -32,6 +32,11 @@ require (
 require github.com/idem-dev/idem/pgstore v0.1.0
 
 require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/idem-dev/idem/e2etest v0.1.0
+	github.com/idem-dev/idem/internal/redisx v0.1.0
+	github.com/idem-dev/idem/redisstore v0.1.0
 	github.com/nats-io/nats-server/v2 v2.15.3
+	github.com/redis/go-redis/v9 v9.23.0
+	go.uber.org/atomic v1.12.0 // indirect
 )
