@@ -219,6 +219,9 @@ func (g *Guard) readBack(ctx context.Context, ops []*settleOp) {
 func (g *Guard) settleRound(ctx context.Context, ops []*settleOp, bc BatchCompleter) {
 	var cs []Completion
 	var batched []*settleOp
+	if bc != nil && len(ops) > 1 {
+		cs, batched = make([]Completion, 0, len(ops)), make([]*settleOp, 0, len(ops))
+	}
 	for _, op := range ops {
 		if op.done {
 			continue

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"runtime/debug"
 	"sync"
 
@@ -24,30 +25,9 @@ type pending struct {
 // returns what it holds, and the deliveries it left for later: a second
 // message of a key already in the batch with another fingerprint.
 func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) (hs []*hold, later []*delivery) {
-	// Same key twice in one batch: claim it once; the later copies follow
-	// the first one's fate (acked if it completes, nak'ed otherwise). A
-	// copy with another fingerprint is not judged here: which payload is
-	// the key's own is the store's answer (the key may have been completed
-	// with the later copy's payload, and the first copy be the reuse). It
-	// goes back to the worker, to be claimed after this batch, behind the
-	// first copy if that one is held.
-	first := make(map[string]*delivery, len(batch))
-	claims := make([]*delivery, 0, len(batch))
-	for _, d := range batch {
-		if d.keyErr != nil {
-			hs = append(hs, c.missingKey(broker.ExtractTrace(ctx, d.m), d)...)
-			continue
-		}
-		if f := first[string(d.key)]; f != nil {
-			if !bytes.Equal(f.fp, d.fp) {
-				later = append(later, d)
-				continue
-			}
-			f.followers = append(f.followers, d)
-			continue
-		}
-		first[string(d.key)] = d
-		claims = append(claims, d)
+	claims, later, noKey := dedupe(batch, func(k []byte) uint64 { return maphash.Bytes(c.seed, k) })
+	for _, d := range noKey {
+		hs = append(hs, c.missingKey(broker.ExtractTrace(ctx, d.m), d)...)
 	}
 	if len(claims) == 0 {
 		return hs, later
@@ -56,6 +36,53 @@ func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) (hs []*h
 		return append(hs, c.processTx(ctx, claims)...), later
 	}
 	return append(hs, c.claimAndRun(ctx, claims)...), later
+}
+
+// dedupe splits a batch into the deliveries to claim (one per key), the
+// ones to leave for later and the ones without a usable key.
+//
+// Same key twice in one batch: claimed once; the later copies follow the
+// first one's fate (acked if it completes, nak'ed otherwise). A copy with
+// another fingerprint is not judged here: which payload is the key's own
+// is the store's answer (the key may have been completed with the later
+// copy's payload, and the first copy be the reuse). It goes back to the
+// worker, to be claimed after this batch, behind the first copy if that
+// one is held.
+//
+// Keys are looked up by hash (no string made per message); a key whose
+// hash another key of the batch has goes through a map by key, made then.
+func dedupe(batch []*delivery, hash func([]byte) uint64) (claims, later, noKey []*delivery) {
+	first := make(map[uint64]*delivery, len(batch))
+	var byKey map[string]*delivery // keys whose hash another key took
+	claims = make([]*delivery, 0, len(batch))
+	for _, d := range batch {
+		if d.keyErr != nil {
+			noKey = append(noKey, d)
+			continue
+		}
+		h := hash(d.key)
+		f := first[h]
+		if f != nil && !bytes.Equal(f.key, d.key) {
+			if f = byKey[string(d.key)]; f == nil {
+				if byKey == nil {
+					byKey = make(map[string]*delivery)
+				}
+				byKey[string(d.key)] = d
+				claims = append(claims, d)
+				continue
+			}
+		}
+		switch {
+		case f == nil:
+			first[h] = d
+			claims = append(claims, d)
+		case !bytes.Equal(f.fp, d.fp):
+			later = append(later, d)
+		default:
+			f.followers = append(f.followers, d)
+		}
+	}
+	return claims, later, noKey
 }
 
 // claimAndRun claims claims (deliveries with distinct keys, followers
