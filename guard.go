@@ -369,23 +369,27 @@ type Held struct {
 	attempts int
 	lease    time.Duration
 	interval time.Duration // heartbeat interval for this claim's lease
-	open     bool          // fail-open pass: nothing in the store
 	start    time.Time
 
 	// heartbeat list links, guarded by shard.mu; shard is set once by add
 	prev, next *Held
-	linked     bool
 	shard      *beatShard
 	lastBeat   time.Time // guard clock: sent time of the claim or of the last successful extend
-	beating    bool
+
+	// The flags sit together: one word, not one each (the Held of every
+	// claim is allocated; 8 bytes more would take it past its size class).
+	open     bool // fail-open pass: nothing in the store
+	linked   bool // guarded by shard.mu
+	beating  bool // guarded by shard.mu
+	settling bool // guarded by mu: a settle is being tried: the settle, not a beat, reports a loss
+	settled  bool // guarded by mu
+	lost     bool // guarded by mu
 
 	mu         sync.Mutex
 	leaseUntil time.Time // guard clock: the lease runs at least until then
-	settling   bool      // a settle is being tried: the settle, not a beat, reports a loss
-	settled    bool
-	lost       bool
 	lostErr    error
 	done       chan struct{} // made on demand by Done
+	watch      lostReg       // AfterLost registrations, guarded by mu
 	cctx       context.Context
 	cancel     context.CancelCauseFunc
 	hctx       heldCtx // the handler's context, inside Held to save an allocation
@@ -436,7 +440,10 @@ func (h *Held) markLost(ctx context.Context, err error) {
 		close(h.done)
 	}
 	cancel := h.cancel
+	watch := h.watch
+	h.watch = lostReg{}
 	h.mu.Unlock()
+	watch.fire()
 	h.g.log.Warn("idem: claim lost while held (lease expired and taken over, or deleted)", "key", string(truncKey(h.key)), "token", h.token, "err", err)
 	for _, hk := range h.g.hooks.lost {
 		hk(ctx, h.key, h.token, err)
