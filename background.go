@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +39,8 @@ const (
 	bgQueueMax    = 4096                   // entries beyond it are abandoned at once
 	bgBackoffMin  = 100 * time.Millisecond // first wait, and after a round that recorded something
 	bgBackoffMax  = time.Second            // bounds the gap between the store coming back and the record completed
-	bgCallTimeout = 5 * time.Second        // per round
+	bgCallTimeout = 5 * time.Second        // per store call
+	bgBatchMax    = 256                    // completions per CompleteBatch call
 	bgCloseWait   = 5 * time.Second        // Close waits at most this long
 )
 
@@ -76,12 +76,12 @@ func (b *bgCompleter) loop(stop, done chan struct{}) {
 		select {
 		case <-stop:
 			t.Stop()
-			b.round(bgCallTimeout / 5)
+			b.round(bgCallTimeout/5, nil, time.Now().Add(bgCloseWait/2))
 			b.abandonAll()
 			return
 		case <-t.C:
 		}
-		if b.round(bgCallTimeout) {
+		if b.round(bgCallTimeout, stop, time.Time{}) {
 			backoff = bgBackoffMin
 		} else {
 			backoff = min(backoff*2, bgBackoffMax)
@@ -96,9 +96,10 @@ func (b *bgCompleter) loop(stop, done chan struct{}) {
 	}
 }
 
-// round tries every queued entry once and drops those that are done or out
-// of time. It reports whether any was recorded.
-func (b *bgCompleter) round(timeout time.Duration) bool {
+// round tries every queued entry once, until quit closes or the deadline
+// passes (zero: none), and drops those that are done or out of time. It
+// reports whether any was recorded.
+func (b *bgCompleter) round(timeout time.Duration, quit <-chan struct{}, deadline time.Time) bool {
 	b.mu.Lock()
 	entries := append([]*bgEntry(nil), b.queue...)
 	b.mu.Unlock()
@@ -110,18 +111,12 @@ func (b *bgCompleter) round(timeout time.Duration) bool {
 	for i, e := range entries {
 		ops[i] = e.op
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	bc, _ := g.store.(BatchCompleter)
 	// One entry first, as a probe: while the store is down a round costs
 	// one call, however many entries wait.
-	probe := ops[:1]
-	g.readBack(ctx, probe)
-	g.settleRound(ctx, probe, bc)
-	if op := ops[0]; op.done || !errors.Is(op.err, ErrUnavailable) || errors.Is(op.err, ErrUnknownOutcome) {
-		g.readBack(ctx, ops[1:])
-		g.settleRound(ctx, ops[1:], bc)
+	if b.settle(ops[:1], bc, timeout, quit, deadline) {
+		b.settle(ops[1:], bc, timeout, quit, deadline)
 	}
-	cancel()
 	now := g.cfg.clock.Now()
 	recorded := false
 	drop := make(map[*bgEntry]bool, len(entries))
@@ -159,6 +154,77 @@ func (b *bgCompleter) round(timeout time.Duration) bool {
 	b.n.Store(int32(len(q)))
 	b.mu.Unlock()
 	return recorded
+}
+
+// settle makes one try at each of ops, every store call with a timeout of
+// its own, and stops at the first call the store did not answer (down or
+// too slow: the next round tries again), when quit closes or at deadline
+// (zero: none). It reports whether it went through all of them. A round may hold thousands of entries: with one
+// deadline for the round, a store answering in 25ms spent it reading
+// records back, and every completion of the round was refused at once
+// (TestBackgroundSlowStoreRecordsAll: 23 of 300 recorded in 2 minutes).
+// A Complete is not read back first: it is idempotent per token (Store),
+// so sending it again is its own read-back.
+func (b *bgCompleter) settle(ops []*settleOp, bc BatchCompleter, timeout time.Duration, quit <-chan struct{}, deadline time.Time) bool {
+	g := b.g
+	call := func(f func(context.Context)) bool {
+		select {
+		case <-quit:
+			return false
+		default:
+		}
+		end := time.Now().Add(timeout)
+		if !deadline.IsZero() {
+			if !time.Now().Before(deadline) {
+				return false
+			}
+			if deadline.Before(end) {
+				end = deadline
+			}
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), end)
+		defer cancel()
+		f(ctx)
+		return true
+	}
+	answered := func(op *settleOp) bool {
+		return op.done || !retryable(op.err)
+	}
+	var batch []*settleOp
+	for i, op := range ops {
+		if op.done {
+			continue
+		}
+		if op.action == SettleComplete {
+			op.unknown = false
+		}
+		if op.unknown {
+			if !call(func(ctx context.Context) { g.readBack(ctx, ops[i:i+1]) }) || op.unknown {
+				return false // not read: the store did not answer
+			}
+			if op.done {
+				continue
+			}
+		}
+		if bc != nil && op.action == SettleComplete {
+			batch = append(batch, op)
+			if len(batch) < bgBatchMax {
+				continue
+			}
+			if !call(func(ctx context.Context) { g.settleRound(ctx, batch, bc) }) || !answered(batch[0]) {
+				return false
+			}
+			batch = batch[:0]
+			continue
+		}
+		if !call(func(ctx context.Context) { g.settleRound(ctx, ops[i:i+1], nil) }) || !answered(op) {
+			return false
+		}
+	}
+	if len(batch) > 0 {
+		return call(func(ctx context.Context) { g.settleRound(ctx, batch, bc) }) && answered(batch[0])
+	}
+	return true
 }
 
 // forget drops e's key from pending; b.mu is held.
