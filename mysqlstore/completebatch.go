@@ -210,9 +210,14 @@ func (s *Store) completeSQL(chunk []*completion) string {
 // entry, reads the chunk's records once to judge each entry.
 func (s *Store) completeChunk(ctx context.Context, chunk []*completion) error {
 	query := s.completeSQL(chunk)
+	c, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	var n int64
-	err := s.retry(ctx, true, func() error {
-		res, err := s.db.ExecContext(ctx, query)
+	err = s.retry(ctx, true, func() error {
+		res, err := c.ExecContext(ctx, query)
 		if err != nil {
 			return err
 		}
@@ -225,7 +230,7 @@ func (s *Store) completeChunk(ctx context.Context, chunk []*completion) error {
 	if n == int64(len(chunk)) {
 		return nil // every entry matched a live record with its token
 	}
-	if err := s.judgeChunk(ctx, chunk); err != nil {
+	if err := s.judgeChunk(ctx, c, chunk); err != nil {
 		return fmt.Errorf("%w: mysqlstore: %d of %d completions applied, then: %w", idem.ErrUnknownOutcome, n, len(chunk), err)
 	}
 	return nil
@@ -233,7 +238,7 @@ func (s *Store) completeChunk(ctx context.Context, chunk []*completion) error {
 
 // judgeChunk reads the live records of a chunk's keys and sets each
 // entry's verdict as finish does after an UPDATE that changed nothing.
-func (s *Store) judgeChunk(ctx context.Context, chunk []*completion) error {
+func (s *Store) judgeChunk(ctx context.Context, q querier, chunk []*completion) error {
 	var sb strings.Builder
 	sb.WriteString("SELECT key_hash, k, state, token FROM ")
 	sb.WriteString(chunk[0].l.table)
@@ -253,7 +258,7 @@ func (s *Store) judgeChunk(ctx context.Context, chunk []*completion) error {
 		token uint64
 	}
 	found := map[[16]byte]live{}
-	rows, err := s.db.QueryContext(ctx, sb.String())
+	rows, err := q.QueryContext(ctx, sb.String())
 	if err != nil {
 		return err
 	}
@@ -280,7 +285,7 @@ func (s *Store) judgeChunk(ctx context.Context, chunk []*completion) error {
 		case r.token == c.token && r.state == stInProgress:
 			// Not expected (the UPDATE would have matched it); settle this
 			// entry alone rather than guess.
-			c.err = s.finish(ctx, s.db, c.key, c.token, completeOp(c.result))
+			c.err = s.finish(ctx, q, c.key, c.token, completeOp(c.result))
 			if c.err != nil && !errors.Is(c.err, idem.ErrFenced) && !errors.Is(c.err, idem.ErrNotFound) {
 				return c.err
 			}

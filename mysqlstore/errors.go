@@ -66,6 +66,26 @@ func mapErr(err error, write bool) error {
 	return fmt.Errorf("%w: mysqlstore: %w", idem.ErrUnknownOutcome, err)
 }
 
+// conn takes a connection from the pool for the statements of one call.
+// Nothing of the call is sent while taking it: database/sql first checks a
+// pooled connection's liveness (the driver's ResetSession; a dead one is
+// dropped and the next one tried, then a new one dialed), and a new
+// connection is dialed and authenticated. So a failure here is
+// idem.ErrUnavailable whatever the driver said, notably
+// mysql.ErrInvalidConn when a proxy in front of a stopped server (HAProxy,
+// ProxySQL, toxiproxy) accepts the TCP connection and closes it: the
+// handshake's read fails with the error a connection lost after a
+// statement was sent also gives, which mapErr must take as
+// idem.ErrUnknownOutcome for a write. Taking the connection apart from the
+// statement is what tells the two apart.
+func (s *Store) conn(ctx context.Context) (*sql.Conn, error) {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mysqlstore: no connection: %w", idem.ErrUnavailable, err)
+	}
+	return c, nil
+}
+
 // ctxErr reports a context already done, before any I/O.
 func ctxErr(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {

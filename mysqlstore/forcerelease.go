@@ -37,11 +37,16 @@ func (s *Store) ForceRelease(ctx context.Context, key []byte, cause string) erro
 	hexLit(&sb, key)
 	sb.WriteString(" AND state = 1 AND expires_at > " + nowUS)
 	update := sb.String()
+	c, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	for attempt := 0; attempt < 4; attempt++ {
 		var res sql.Result
 		err := s.retry(ctx, true, func() error {
 			var err error
-			res, err = s.db.ExecContext(ctx, update)
+			res, err = c.ExecContext(ctx, update)
 			return err
 		})
 		if err != nil {
@@ -50,7 +55,7 @@ func (s *Store) ForceRelease(ctx context.Context, key []byte, cause string) erro
 		if n, err := res.RowsAffected(); err == nil && n > 0 {
 			return nil
 		}
-		r, err := s.get(ctx, s.db, key, l, "")
+		r, err := s.get(ctx, c, key, l, "")
 		if err != nil {
 			return err
 		}

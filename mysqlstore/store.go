@@ -547,7 +547,12 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 	if err != nil {
 		return idem.Claim{}, err
 	}
-	return s.claimOne(ctx, s.db, req, l, true)
+	c, err := s.conn(ctx)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	defer c.Close()
+	return s.claimOne(ctx, c, req, l, true)
 }
 
 // prepareClaim validates req, locates its row and checks the store is open
@@ -733,7 +738,13 @@ func (s *Store) runRound(ctx context.Context, tx *sql.Tx, round []*item) error {
 	}
 	errs := make([]error, len(chunks))
 	run := func(i int) {
-		errs[i] = s.claimChunk(ctx, s.db, chunkTable[i], chunks[i], false)
+		c, err := s.conn(ctx)
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		defer c.Close()
+		errs[i] = s.claimChunk(ctx, c, chunkTable[i], chunks[i], false)
 	}
 	switch {
 	case tx != nil:
@@ -811,7 +822,8 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	sb.WriteString(" AND k = ")
 	hexLit(&sb, key)
 	sb.WriteString(" AND expires_at > " + nowUS)
-	if q != querier(s.db) {
+	_, inTx := q.(*sql.Tx)
+	if inTx {
 		// In a transaction a plain read sees its snapshot, which may be
 		// older than the row the UPDATE judged: read the current row.
 		sb.WriteString(" LOCK IN SHARE MODE")
@@ -825,7 +837,7 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 	// Run the UPDATE again.
 	for attempt := 0; ; attempt++ {
 		var res sql.Result
-		err = s.retry(ctx, q == querier(s.db), func() error {
+		err = s.retry(ctx, !inTx, func() error {
 			var err error
 			res, err = q.ExecContext(ctx, update)
 			return err
@@ -855,6 +867,16 @@ func (s *Store) finish(ctx context.Context, q querier, key []byte, token uint64,
 			return fmt.Errorf("%w: mysqlstore: %s of key %q: the record kept changing between the statements", idem.ErrUnavailable, op.name, truncKey(key))
 		}
 	}
+}
+
+// finishConn runs finish in autocommit on a connection of its own.
+func (s *Store) finishConn(ctx context.Context, key []byte, token uint64, op finishOp) error {
+	c, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return s.finish(ctx, c, key, token, op)
 }
 
 // finishCond writes the condition under which a token operation applies:
@@ -907,7 +929,7 @@ func (s *Store) Complete(ctx context.Context, key []byte, token uint64, result [
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.finish(ctx, s.db, key, token, completeOp(result))
+	return s.finishConn(ctx, key, token, completeOp(result))
 }
 
 // Release implements idem.Store.
@@ -921,7 +943,7 @@ func (s *Store) Release(ctx context.Context, key []byte, token uint64, cause str
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.finish(ctx, s.db, key, token, releaseOp(cause))
+	return s.finishConn(ctx, key, token, releaseOp(cause))
 }
 
 func releaseOp(cause string) finishOp {
@@ -945,7 +967,7 @@ func (s *Store) Fail(ctx context.Context, key []byte, token uint64, cause string
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.finish(ctx, s.db, key, token, failOp(cause))
+	return s.finishConn(ctx, key, token, failOp(cause))
 }
 
 func failOp(cause string) finishOp {
@@ -968,7 +990,7 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 		return err
 	}
 	us := fmt.Sprint(lease.Microseconds())
-	return s.finish(ctx, s.db, key, token, finishOp{name: "extend", target: idem.StateInProgress, set: func(sb *strings.Builder) {
+	return s.finishConn(ctx, key, token, finishOp{name: "extend", target: idem.StateInProgress, set: func(sb *strings.Builder) {
 		sb.WriteString("lease_until = " + nowUS + " + " + us + ", expires_at = GREATEST(expires_at, " + nowUS + " + " + us + ")")
 	}})
 }
@@ -982,7 +1004,12 @@ func (s *Store) Get(ctx context.Context, key []byte) (idem.Record, error) {
 	if err := s.check(ctx); err != nil {
 		return idem.Record{}, err
 	}
-	return s.get(ctx, s.db, key, l, "")
+	c, err := s.conn(ctx)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	defer c.Close()
+	return s.get(ctx, c, key, l, "")
 }
 
 func (s *Store) get(ctx context.Context, q querier, key []byte, l loc, suffix string) (idem.Record, error) {
@@ -1033,8 +1060,13 @@ func (s *Store) Delete(ctx context.Context, key []byte) error {
 	sb.WriteString(" AND k = ")
 	hexLit(&sb, key)
 	sb.WriteString(" AND expires_at > 0")
+	c, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	err = s.retry(ctx, true, func() error {
-		_, err := s.db.ExecContext(ctx, sb.String())
+		_, err := c.ExecContext(ctx, sb.String())
 		return err
 	})
 	return mapErr(err, true)
@@ -1045,7 +1077,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	rows, err := s.db.QueryContext(ctx, "SELECT 1 FROM "+s.n.tables[0]+" LIMIT 0")
+	c, err := s.conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rows, err := c.QueryContext(ctx, "SELECT 1 FROM "+s.n.tables[0]+" LIMIT 0")
 	if err != nil {
 		return mapErr(err, false)
 	}

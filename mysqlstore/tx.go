@@ -181,9 +181,9 @@ func (s *Store) retrying(ctx context.Context, once func() error) error {
 }
 
 func (s *Store) doTxOnce(ctx context.Context, req idem.ClaimRequest, l loc, fn TxFunc) (idem.Claim, error) {
-	conn, err := s.db.Conn(ctx)
+	conn, err := s.conn(ctx)
 	if err != nil {
-		return idem.Claim{}, mapErr(err, false)
+		return idem.Claim{}, err
 	}
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
@@ -338,9 +338,9 @@ func (s *Store) BeginTx(ctx context.Context, opts *sql.TxOptions) (*Tx, error) {
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
-	conn, err := s.db.Conn(ctx)
+	conn, err := s.conn(ctx)
 	if err != nil {
-		return nil, mapErr(err, false)
+		return nil, err
 	}
 	if _, err := conn.ExecContext(ctx, "SET SESSION autocommit = 0"); err != nil {
 		discard(conn)

@@ -1,6 +1,8 @@
 // Package mysqltest gives tests a throwaway MariaDB database: a uniquely
-// named database created on the server under test and dropped in cleanup.
-// It fails the test (never skips) when the server is unreachable.
+// named database created on the server under test and dropped in cleanup;
+// and, for tests that crash or restart the server, a mariadbd of their own
+// (StartServer). It fails the test (never skips) when the server is
+// unreachable or cannot be started.
 package mysqltest
 
 import (
