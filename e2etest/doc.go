@@ -15,7 +15,8 @@
 //     it (Ledger.Explain): the rows of the duplicated ids, their pgstore
 //     records, and what the test's guards (NewGuard: claims again, leases
 //     lost, settles refused or unrecorded) and consumers (their warnings)
-//     reported about those keys.
+//     reported about those keys, and where idem's goroutines are (a run
+//     that stalls says where).
 //   - Generate / Publish: messages msg-0000000... with a payload naming
 //     their index, and a fraction published a second time a batch later
 //     (through a second publisher where the broker would dedup them).

@@ -252,6 +252,9 @@ func TestExplain(t *testing.T) {
 		"guard: release token",
 		"guard: claimed again (attempt 2)",
 		"c2: WARN consumer: test warning msg_id=" + ID(1),
+		"goroutines in idem's code, by stack",
+		"ledger pool: ",
+		"database sessions (all clients) by state and wait:\n    ",
 		"    re-claim: 1\n",
 		"    c2 WARN \"consumer: test warning\": 1\n",
 	} {

@@ -1,10 +1,12 @@
 package e2etest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -192,8 +194,11 @@ func (h *evidenceHandler) WithGroup(string) slog.Handler { return h }
 // delivery, consumer, process, transaction and its size, session, time),
 // the key's record in the pgstore of the ledger's schema if there is one,
 // and the guard's and the consumers' events about the key; then the
-// record states, the event counts and the last events. NewLedger's
-// cleanup calls it when the test failed.
+// record states, the ledger pool's figures and the database's sessions by
+// state (a store starved of connections, or blocked on locks, says so),
+// the goroutines in idem's code grouped by stack (a run that stalls says
+// where), the event counts and the last events.
+// NewLedger's cleanup calls it when the test failed.
 func (l *Ledger) Explain(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -246,6 +251,8 @@ func (l *Ledger) explain(ctx context.Context) string {
 			fmt.Fprintf(&b, "    (%d more)\n", more)
 		}
 	}
+	l.explainSessions(ctx, &b)
+	goroutines(&b)
 	counts, recent := l.ev.summary()
 	fmt.Fprintf(&b, "guard and consumer events since %s:", l.ev.start.Format("15:04:05.000"))
 	if len(counts) == 0 {
@@ -366,4 +373,74 @@ func orNull[T int64 | int32](p *T) string {
 		return "NULL"
 	}
 	return fmt.Sprint(*p)
+}
+
+// goroutinesMax bounds the goroutine stacks Explain logs.
+const goroutinesMax = 16 << 10
+
+// goroutines writes this process's goroutines that run idem's code (not
+// the test's own: this one, the testing package's), grouped by identical
+// stack with their number (runtime/pprof's debug=1 form), at most
+// goroutinesMax bytes, the largest groups first.
+func goroutines(b *strings.Builder) {
+	var all bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&all, 1); err != nil {
+		fmt.Fprintf(b, "  (goroutines: %v)\n", err)
+		return
+	}
+	type group struct {
+		n    int
+		text string
+	}
+	var gs []group
+	_, prof, _ := strings.Cut(all.String(), "\n") // after the header line
+	for _, g := range strings.Split(prof, "\n\n") {
+		var n int
+		if _, err := fmt.Sscanf(g, "%d @", &n); err != nil || !strings.Contains(g, "idem-dev/idem/") ||
+			strings.Contains(g, "e2etest.goroutines") || strings.Contains(g, "testing.(*M).Run") {
+			continue
+		}
+		gs = append(gs, group{n, g})
+	}
+	sort.SliceStable(gs, func(i, j int) bool { return gs[i].n > gs[j].n })
+	fmt.Fprintf(b, "goroutines in idem's code, by stack (%d stacks):\n", len(gs))
+	size := 0
+	for i, g := range gs {
+		if size+len(g.text) > goroutinesMax {
+			fmt.Fprintf(b, "  (%d more stacks)\n", len(gs)-i)
+			break
+		}
+		size += len(g.text)
+		b.WriteString(g.text)
+		b.WriteString("\n")
+	}
+}
+
+// explainSessions logs the ledger pool's figures (a pgstore opened by
+// OpenPGStore shares it) and the database's sessions by state and wait.
+func (l *Ledger) explainSessions(ctx context.Context, b *strings.Builder) {
+	st := l.Pool.Stat()
+	fmt.Fprintf(b, "ledger pool: %d of %d connections in use, %d idle; %d acquires, %d found no idle connection (%s waiting in all), %d cancelled\n",
+		st.AcquiredConns(), st.MaxConns(), st.IdleConns(), st.AcquireCount(), st.EmptyAcquireCount(),
+		st.EmptyAcquireWaitTime().Round(time.Millisecond), st.CanceledAcquireCount())
+	rows, err := l.Pool.Query(ctx, `SELECT coalesce(state, ''), coalesce(wait_event_type || ':' || wait_event, ''), count(*),
+		coalesce(max(now() - xact_start), '0'), coalesce(max(now() - query_start) FILTER (WHERE state = 'active'), '0')
+	FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+	GROUP BY 1, 2 ORDER BY 3 DESC`)
+	if err != nil {
+		fmt.Fprintf(b, "  (database sessions: %v)\n", err)
+		return
+	}
+	defer rows.Close()
+	fmt.Fprintf(b, "database sessions (all clients) by state and wait:\n")
+	for rows.Next() {
+		var state, wait string
+		var n int
+		var xact, query time.Duration
+		if err := rows.Scan(&state, &wait, &n, &xact, &query); err != nil {
+			fmt.Fprintf(b, "  (database sessions: %v)\n", err)
+			return
+		}
+		fmt.Fprintf(b, "    %d %s %s (oldest transaction %s, longest active query %s)\n", n, state, wait, xact.Round(time.Millisecond), query.Round(time.Millisecond))
+	}
 }
