@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
@@ -26,13 +27,37 @@ func withHeld(ctx context.Context, d *delivery, token uint64) context.Context {
 type batchKey struct{}
 
 // batchInfo is what a batch handler's context carries: each message's
-// claim token, and the deliveries for HeldToken's lookup by key (made on
-// first use).
+// claim, and lookups by message and by key, made on first use.
 type batchInfo struct {
-	tokens map[*broker.Message]uint64
-	ds     []*delivery
-	once   sync.Once
-	byKey  map[string]uint64
+	ds    []*delivery  // in the order the handler got them
+	helds []*idem.Held // helds[i] is ds[i]'s claim
+	// next is where the next MessageToken most likely looks: just after
+	// the message found last (handlers mostly go through their messages
+	// in order), so that an in-order handler needs no map.
+	next    atomic.Int64
+	msgOnce sync.Once
+	byMsg   map[*broker.Message]int
+	keyOnce sync.Once
+	byKey   map[string]uint64
+}
+
+// token returns the claim token of m, a message of the batch.
+func (b *batchInfo) token(m *broker.Message) (uint64, bool) {
+	i := int(b.next.Load())
+	if i >= len(b.ds) || b.ds[i].m != m {
+		b.msgOnce.Do(func() {
+			b.byMsg = make(map[*broker.Message]int, len(b.ds))
+			for j, d := range b.ds {
+				b.byMsg[d.m] = j
+			}
+		})
+		var ok bool
+		if i, ok = b.byMsg[m]; !ok {
+			return 0, false
+		}
+	}
+	b.next.Store(int64(i + 1))
+	return b.helds[i].Token(), true
 }
 
 // KeyFromContext returns the idempotency key of the message whose handler
@@ -67,7 +92,7 @@ func MessageToken(ctx context.Context, m *broker.Message) (uint64, bool) {
 		return h.token, true
 	}
 	if b, ok := ctx.Value(batchKey{}).(*batchInfo); ok {
-		t, ok := b.tokens[m]
+		t, ok := b.token(m)
 		return t, ok && t != 0
 	}
 	return 0, false
@@ -91,10 +116,10 @@ func HeldToken(ctx context.Context, key []byte) (uint64, bool) {
 		return h.token, true
 	}
 	if b, ok := ctx.Value(batchKey{}).(*batchInfo); ok {
-		b.once.Do(func() {
+		b.keyOnce.Do(func() {
 			b.byKey = make(map[string]uint64, len(b.ds))
-			for _, d := range b.ds {
-				if t := b.tokens[d.m]; t != 0 {
+			for i, d := range b.ds {
+				if t := b.helds[i].Token(); t != 0 {
 					b.byKey[string(d.key)] = t
 				}
 			}
