@@ -52,6 +52,7 @@
 // the drain check.
 //
 // The package is for tests only; IDEM_PG_URL overrides the PostgreSQL URL
-// (default postgres://postgres@127.0.0.1:5432/test) and IDEM_E2E_MESSAGES
-// the number of messages (see Messages).
+// (default postgres://postgres@127.0.0.1:5432/test), IDEM_E2E_MESSAGES
+// the number of messages (see Messages), and IDEM_BENCH_CPUPROFILE names a
+// file for the CPU profile of BenchConsume's timed part alone.
 package e2etest
