@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -17,11 +16,9 @@ type bgCompleter struct {
 	budget time.Duration // how long an entry is retried; <= 0: off
 	mu     sync.Mutex
 	queue  []*bgEntry
-	// pending counts the queued entries per key, so that this process
-	// never claims a key whose effect it applied and is still recording
-	// (see pendingFor); n is len(queue), read without the lock.
-	pending map[string]int
-	n       atomic.Int32
+	// An entry's Held stays in the guard's holding set until the entry is
+	// recorded or given up: this process does not claim a key whose
+	// effect it applied and is still recording (see holding).
 	running bool
 	closed  bool
 	stop    chan struct{}
@@ -55,11 +52,6 @@ func (b *bgCompleter) add(ctx context.Context, op *settleOp) bool {
 		return false
 	}
 	b.queue = append(b.queue, &bgEntry{op: op, ctx: context.WithoutCancel(ctx), giveUp: b.g.cfg.clock.Now().Add(b.budget)})
-	if b.pending == nil {
-		b.pending = make(map[string]int)
-	}
-	b.pending[string(op.h.key)]++
-	b.n.Store(int32(len(b.queue)))
 	if !b.running {
 		b.running = true
 		b.stop, b.done = make(chan struct{}), make(chan struct{})
@@ -145,13 +137,10 @@ func (b *bgCompleter) round(timeout time.Duration, quit <-chan struct{}, deadlin
 	for _, e := range b.queue {
 		if !drop[e] {
 			q = append(q, e)
-		} else {
-			b.forget(e)
 		}
 	}
 	clear(b.queue[len(q):])
 	b.queue = q
-	b.n.Store(int32(len(q)))
 	b.mu.Unlock()
 	return recorded
 }
@@ -227,34 +216,6 @@ func (b *bgCompleter) settle(ops []*settleOp, bc BatchCompleter, timeout time.Du
 	return true
 }
 
-// forget drops e's key from pending; b.mu is held.
-func (b *bgCompleter) forget(e *bgEntry) {
-	k := string(e.op.h.key)
-	if b.pending[k] <= 1 {
-		delete(b.pending, k)
-	} else {
-		b.pending[k]--
-	}
-}
-
-// anyPending reports whether any settle waits in the background.
-func (b *bgCompleter) anyPending() bool { return b != nil && b.n.Load() > 0 }
-
-// pendingFor reports whether a settle of key is still being recorded in
-// the background. This process applied that key's effect (or decided its
-// failure) and the store does not know yet; once the lease lapsed a claim
-// would take the key over and run the effect again. The caller treats the
-// key as in progress until the background has recorded the settle, or
-// given up on it (fenced, abandoned).
-func (b *bgCompleter) pendingFor(key []byte) bool {
-	if !b.anyPending() {
-		return false
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.pending[string(key)] > 0
-}
-
 func (b *bgCompleter) abandon(e *bgEntry) {
 	op := e.op
 	op.h.stopHeartbeat()
@@ -267,8 +228,6 @@ func (b *bgCompleter) abandonAll() {
 	b.mu.Lock()
 	q := b.queue
 	b.queue = nil
-	b.pending = nil
-	b.n.Store(0)
 	b.mu.Unlock()
 	for _, e := range q {
 		b.abandon(e)

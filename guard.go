@@ -30,14 +30,15 @@ type Result struct {
 // Guard runs handlers so that each key's effect happens once. It is safe for
 // concurrent use.
 type Guard struct {
-	store  Store
-	batch  BatchClaimer
-	cfg    guardConfig
-	hooks  hookSet
-	log    *slog.Logger
-	beats  *beater // nil when the heartbeat is off
-	bg     *bgCompleter
-	closed atomic.Bool
+	store   Store
+	batch   BatchClaimer
+	cfg     guardConfig
+	hooks   hookSet
+	log     *slog.Logger
+	beats   *beater // nil when the heartbeat is off
+	bg      *bgCompleter
+	holding *holding // the keys held by this guard's claims
+	closed  atomic.Bool
 }
 
 // errGuardClosed is what a claim gets after Close.
@@ -70,6 +71,7 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks, cfg.logger), log: cfg.logger}
 	g.batch, _ = store.(BatchClaimer)
 	g.bg = &bgCompleter{g: g, budget: cfg.background}
+	g.holding = newHolding()
 	if cfg.heartbeat > 0 {
 		g.beats = newBeater(g, cfg.heartbeat)
 	}
@@ -119,8 +121,9 @@ func (g *Guard) CheckRedeliveryWindow(window time.Duration) error {
 //     runs fn while a heartbeat extends the lease, records fn's result;
 //   - already completed: returns the stored result with Replayed set, fn
 //     does not run;
-//   - held by a live lease elsewhere: *InProgressError (ErrInProgress):
-//     retry later, do not ack;
+//   - held by a live lease elsewhere, or claimed or held by this guard and
+//     not yet settled (whatever its lease says: see docs/guard.md):
+//     *InProgressError (ErrInProgress): retry later, do not ack;
 //   - terminally failed: *FailedError (ErrFailed): dead-letter;
 //   - fn fails: the key is released (or marked failed once attempts are
 //     exhausted, or at once for a Permanent error) and the error is returned
@@ -170,23 +173,16 @@ func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*H
 		}
 	}
 	start := g.cfg.clock.Now() // the lease runs from no earlier than this
-	if g.bg.pendingFor(key) {
-		a := g.pendingSettle(ctx, req, start)
+	e, busy, cur := g.holding.claim(key, req.Fingerprint)
+	if busy {
+		// Claimed or held by this guard: in progress, whatever its lease
+		// says (see holding).
+		a := g.heldHere(ctx, req, cur, start)
 		return a.Held, a.Result, a.Err
 	}
 	c, err := g.store.Claim(ctx, req)
-	a := g.claimed(ctx, req, c, err, start)
+	a := g.claimed(ctx, req, c, err, start, e)
 	return a.Held, a.Result, a.Err
-}
-
-// pendingSettle answers a claim of a key whose settle this guard is still
-// recording in the background: in progress, to be asked again after the
-// background's next round, without asking the store (which would let the
-// claim take the lapsed key over and run the effect a second time).
-func (g *Guard) pendingSettle(ctx context.Context, req ClaimRequest, start time.Time) Acquisition {
-	c := Claim{Outcome: OutcomeInProgress, Record: Record{Key: req.Key, State: StateInProgress, LeaseUntil: start.Add(bgBackoffMax)}}
-	g.onClaim(ctx, req, c, nil, start)
-	return Acquisition{Err: &InProgressError{Key: req.Key, LeaseUntil: c.Record.LeaseUntil, Lease: bgBackoffMax}}
 }
 
 // BatchItem is one key of AcquireBatch.
@@ -221,25 +217,25 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 		}
 		return out, nil
 	}
-	if !g.bg.anyPending() {
-		return g.claimBatch(ctx, items)
-	}
-	// Keys whose settle is still being recorded in the background are in
-	// progress (see pendingSettle); the rest go to the store.
+	// Keys this guard claims or holds already (a key twice in items: its
+	// first entry) are in progress (see holding); the rest go to the
+	// store.
 	out := make([]Acquisition, len(items))
 	rest, idx := make([]BatchItem, 0, len(items)), make([]int, 0, len(items))
+	es := make([]*holdEntry, 0, len(items))
 	start := g.cfg.clock.Now()
 	for i, it := range items {
-		if g.bg.pendingFor(it.Key) {
-			out[i] = g.pendingSettle(ctx, g.batchRequest(it), start)
+		e, busy, cur := g.holding.claim(it.Key, it.Fingerprint)
+		if busy {
+			out[i] = g.heldHere(ctx, g.batchRequest(it), cur, start)
 			continue
 		}
-		rest, idx = append(rest, it), append(idx, i)
+		rest, idx, es = append(rest, it), append(idx, i), append(es, e)
 	}
 	if len(rest) == 0 {
 		return out, nil
 	}
-	sub, err := g.claimBatch(ctx, rest)
+	sub, err := g.claimBatch(ctx, rest, es)
 	if err != nil {
 		return nil, err
 	}
@@ -254,8 +250,9 @@ func (g *Guard) batchRequest(it BatchItem) ClaimRequest {
 	return ClaimRequest{Key: it.Key, Fingerprint: it.Fingerprint, Lease: g.cfg.lease, TTL: g.cfg.ttl}
 }
 
-// claimBatch is AcquireBatch's store round-trip.
-func (g *Guard) claimBatch(ctx context.Context, items []BatchItem) ([]Acquisition, error) {
+// claimBatch is AcquireBatch's store round-trip; es are the items' entries
+// in the holding set.
+func (g *Guard) claimBatch(ctx context.Context, items []BatchItem, es []*holdEntry) ([]Acquisition, error) {
 	out := make([]Acquisition, len(items))
 	reqs := make([]ClaimRequest, len(items))
 	for i, it := range items {
@@ -270,6 +267,7 @@ func (g *Guard) claimBatch(ctx context.Context, items []BatchItem) ([]Acquisitio
 	}
 	if err != nil {
 		for i := range items {
+			g.holding.drop(es[i])
 			g.onClaim(ctx, reqs[i], Claim{}, err, start)
 		}
 		if g.cfg.failOpen && failOpenable(ctx, err) {
@@ -281,7 +279,7 @@ func (g *Guard) claimBatch(ctx context.Context, items []BatchItem) ([]Acquisitio
 		return nil, fmt.Errorf("idem: batch claim of %d keys: %w", len(items), err)
 	}
 	for i := range res {
-		out[i] = g.claimed(ctx, reqs[i], res[i].Claim, res[i].Err, start)
+		out[i] = g.claimed(ctx, reqs[i], res[i].Claim, res[i].Err, start, es[i])
 	}
 	return out, nil
 }
@@ -311,8 +309,16 @@ func (g *Guard) openPass(ctx context.Context, key []byte, err error) Acquisition
 	return Acquisition{Held: &Held{g: g, key: key, open: true}, Result: Result{FailedOpen: true}}
 }
 
-// claimed turns a store claim into an Acquisition.
-func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err error, start time.Time) Acquisition {
+// claimed turns a store claim into an Acquisition; e is the claim's entry
+// in the holding set, which an acquired claim takes over (heartbeat on)
+// and which is dropped otherwise.
+func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err error, start time.Time, e *holdEntry) Acquisition {
+	kept := false
+	defer func() {
+		if !kept {
+			g.holding.drop(e)
+		}
+	}()
 	g.onClaim(ctx, req, c, err, start)
 	if err != nil {
 		if g.cfg.failOpen && failOpenable(ctx, err) {
@@ -356,6 +362,11 @@ func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err erro
 		}
 		return Acquisition{Err: &FailedError{Key: req.Key, Cause: cause, Attempts: rec.Attempts}}
 	}
+	if g.beats != nil {
+		// Before the heartbeat starts: a claim lost at once leaves the set.
+		g.holding.acquired(e, h)
+		kept = true
+	} // with the heartbeat off, in the set from its settle on (settleNow)
 	h.startHeartbeat()
 	return Acquisition{Held: h, Result: res}
 }
@@ -384,6 +395,8 @@ type Held struct {
 	settling bool // guarded by mu: a settle is being tried: the settle, not a beat, reports a loss
 	settled  bool // guarded by mu
 	lost     bool // guarded by mu
+
+	hold *holdEntry // its entry in the guard's holding set (see holding), guarded by the set's lock
 
 	mu         sync.Mutex
 	leaseUntil time.Time // guard clock: the lease runs at least until then
@@ -444,6 +457,7 @@ func (h *Held) markLost(ctx context.Context, err error) {
 	h.watch = lostReg{}
 	h.mu.Unlock()
 	watch.fire()
+	h.g.holding.remove(h) // someone else holds the key now
 	h.g.log.Warn("idem: claim lost while held (lease expired and taken over, or deleted)", "key", string(truncKey(h.key)), "token", h.token, "err", err)
 	for _, hk := range h.g.hooks.lost {
 		hk(ctx, h.key, h.token, err)
@@ -476,6 +490,9 @@ func (h *Held) beginSettle() {
 	h.mu.Unlock()
 }
 
+// stopHeartbeat ends the claim here: settled (recorded, refused for good,
+// or given up on), it is no longer extended, and no longer keeps the key
+// in progress for this guard's other claims.
 func (h *Held) stopHeartbeat() {
 	h.mu.Lock()
 	h.settled = true
@@ -483,6 +500,7 @@ func (h *Held) stopHeartbeat() {
 	if h.g.beats != nil {
 		h.g.beats.remove(h)
 	}
+	h.g.holding.remove(h)
 }
 
 type heldKey struct{}

@@ -116,6 +116,13 @@ func (g *Guard) settleNow(ctx context.Context, ops []*settleOp, bc BatchComplete
 		op.h.beginSettle()
 		op.start = now
 		minLease = min(minLease, op.h.lease)
+		if g.beats == nil && op.action != SettleRelease {
+			// With the heartbeat on the claim is in the holding set
+			// already; with it off (leases alone keep claims apart) from
+			// here: the effect is done (or its failure decided) and this
+			// process must not run it again while it records that.
+			g.holding.add(op.h)
+		}
 	}
 	backoffMax := clampDur(minLease/8, time.Millisecond, settleBackoffMax)
 	backoff := min(settleBackoffMin, backoffMax)
