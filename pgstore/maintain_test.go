@@ -44,7 +44,11 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 			cfg := partitionedConfig(t)
 			cfg.Namespace = "maint"
 			worker, _ := openStore(t, cfg)
-			ctx := ctxT(t)
+			// Not ctxT's 30s: each of the rounds below may wait up to 30s
+			// for maintenance under load (CI at load ~25 ran past 30s in
+			// all and the claims failed with the test's own deadline).
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
 
 			var mu sync.Mutex
 			dropped := map[string]int{} // partition -> times dropped
