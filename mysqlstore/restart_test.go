@@ -104,7 +104,16 @@ func TestServerRestart(t *testing.T) {
 					return err
 				},
 			} {
+				// A statement sent on a pooled connection before the proxy
+				// noticed the server's death is an honest unknown outcome
+				// (seen once in CI at load ~25, proxy-sigkill): it costs that
+				// connection. Once the pool's dead connections are found,
+				// a call is ErrUnavailable; it never succeeds.
 				err := c()
+				for try := 0; try < 20 && errors.Is(err, idem.ErrUnknownOutcome); try++ {
+					t.Logf("call %d while down, try %d: %v (sent before the connection was seen dead)", i, try, err)
+					err = c()
+				}
 				t.Logf("call %d while down: %v", i, err)
 				if !errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) {
 					t.Errorf("call %d while the server is down: %v, want ErrUnavailable and not ErrUnknownOutcome", i, err)
