@@ -153,7 +153,10 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 	ledger.AssertExactlyOnce(t, n)
 	s1, s2 := m1.c.Stats(), m2.c.Stats()
 	forced := m1.chaos.Forced() + m2.chaos.Forced()
-	if forced == 0 || s1.Duplicates+s2.Duplicates == 0 || s2.Handled == 0 || m2.sub.Connects() < 2 || s2.SettleErrors == 0 {
+	// Consumer 2's effects: completions recorded at once (Handled) or
+	// handed to the guard's background (Unrecorded: under load all of a
+	// consumer's may go that way; see rocketbroker's test).
+	if forced == 0 || s1.Duplicates+s2.Duplicates == 0 || s2.Handled+s2.Unrecorded == 0 || m2.sub.Connects() < 2 || s2.SettleErrors == 0 {
 		t.Fatalf("no fault exercised: forced %d, consumer 2 connects %d, stats %+v %+v", forced, m2.sub.Connects(), s1, s2)
 	}
 	t.Logf("%s/%s: %d messages exactly once in %s (%.0f msgs/s); forced naks %d; consumer 2 reconnected (%d connects, %d settles refused); consumer 1 %+v; consumer 2 %+v",

@@ -147,7 +147,12 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 	leave(m2)
 	ledger.AssertExactlyOnce(t, n)
 	s1, s2 := m1.c.Stats(), m2.c.Stats()
-	if m1.chaos.Forced() == 0 || s1.Duplicates+s2.Duplicates == 0 || s2.Handled == 0 || s1.Handled == 0 {
+	// Effects a member applied: completions recorded at once (Handled)
+	// or handed to the guard's background (Unrecorded: at load 30 every
+	// completion of member 2 went that way in 2 of 6 runs, and the run
+	// failed here with every message exactly once).
+	applied := func(s consumer.Stats) int64 { return s.Handled + s.Unrecorded }
+	if m1.chaos.Forced() == 0 || s1.Duplicates+s2.Duplicates == 0 || applied(s2) == 0 || applied(s1) == 0 {
 		t.Fatalf("no fault exercised: forced naks %d, stats %+v %+v", m1.chaos.Forced(), s1, s2)
 	}
 	t.Logf("%s/%s: %d messages exactly once in %s (%.0f msgs/s); forced naks %d; member 1 %+v; member 2 %+v",
