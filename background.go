@@ -10,15 +10,14 @@ import (
 // gave up on, so that when the store comes back the record is completed
 // before a redelivery can take the key over. The heartbeat keeps extending
 // their leases meanwhile. One goroutine, started with the first entry and
-// gone when none is left or at Close.
+// gone when none is left or at Close. An entry's Held stays in the guard's
+// holding set until the entry is recorded or given up: this process does
+// not claim a key whose effect it applied and is still recording.
 type bgCompleter struct {
-	g      *Guard
-	budget time.Duration // how long an entry is retried; <= 0: off
-	mu     sync.Mutex
-	queue  []*bgEntry
-	// An entry's Held stays in the guard's holding set until the entry is
-	// recorded or given up: this process does not claim a key whose
-	// effect it applied and is still recording (see holding).
+	g       *Guard
+	budget  time.Duration // how long an entry is retried; <= 0: off
+	mu      sync.Mutex
+	queue   []*bgEntry
 	running bool
 	closed  bool
 	stop    chan struct{}

@@ -48,7 +48,6 @@ type holdEntry struct {
 	hash  uint64
 	fp    uint64 // hash of the claim's fingerprint, if hasFP
 	hasFP bool
-	in    bool
 	next  *holdEntry
 }
 
@@ -73,7 +72,7 @@ func (s *holding) shard(key []byte) (*holdShard, uint64) {
 // insert chains a new entry for key in sh; sh.mu is held.
 func (s *holding) insert(sh *holdShard, hash uint64, key []byte) *holdEntry {
 	e := s.pool.Get().(*holdEntry)
-	e.key, e.hash, e.in = key, hash, true
+	e.key, e.hash = key, hash
 	if sh.m == nil {
 		sh.m = make(map[uint64]*holdEntry)
 	}
