@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -321,20 +322,14 @@ func TestServerClosesConnection(t *testing.T) {
 	x := newTopo(t)
 	cfg := x.subConfig(t, "g")
 	s := subscriber(t, cfg)
-	pcfg := x.pubConfig()
-	pcfg.Name = unique(t, "idemtest-pub")
-	p, err := rabbitbroker.NewPublisher(pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, pname := x.namedPublisher(t)
 	sent := msgs(x.Topic, "held", 10)
 	publish(t, p, sent...)
 	held := fetchN(t, s, 10, 10*time.Second)
 	if n := closeConnections(t, "", cfg.Name); n != 1 {
 		t.Fatalf("closed %d connections named %s, want 1", n, cfg.Name)
 	}
-	if n := closeConnections(t, "", pcfg.Name); n != 1 {
+	if n := closeConnections(t, "", pname); n != 1 {
 		t.Fatalf("closed %d publisher connections, want 1", n)
 	}
 	waitFor(t, "the subscriber's second connection", func() bool { return s.Connects() >= 2 && s.Connected() })
@@ -591,13 +586,10 @@ func TestClassicQueue(t *testing.T) {
 		}
 	}
 	waitDepth(t, cfg.Queue+".dlq", 1)
-	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name", "type").CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl list_queues: %v\n%s", err, out)
-	}
+	types := rabbitctl(t, "list_queues", "name", "type")
 	for _, q := range []string{cfg.Queue, cfg.Queue + ".dlq", cfg.DelayQueue(time.Second)} {
-		if !strings.Contains(string(out), q+"\tclassic\n") {
-			t.Errorf("%s is not a classic queue", q)
+		if row, ok := types[q]; !ok || row[0] != "classic" {
+			t.Errorf("%s is not a classic queue (%v)", q, row)
 		}
 	}
 }
@@ -614,13 +606,7 @@ func TestDefaultsOnTheServer(t *testing.T) {
 	x := newTopo(t)
 	cfg := x.subConfig(t, "g")
 	s := subscriber(t, cfg)
-	pcfg := x.pubConfig()
-	pcfg.Name = unique(t, "idemtest-pub")
-	p, err := rabbitbroker.NewPublisher(pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p, pname := x.namedPublisher(t)
 	publish(t, p, msgs(x.Topic, "d", 1)...)
 	m := fetchN(t, s, 1, 10*time.Second)[0]
 	defer m.Acker.Ack(ctxT(t, 5*time.Second))
@@ -656,41 +642,57 @@ func TestDefaultsOnTheServer(t *testing.T) {
 	// flag: its publish channel is in confirm mode.
 	var pid string
 	for id, row := range rabbitctl(t, "list_connections", "pid", "client_properties") {
-		if strings.Contains(row[0], `{"connection_name","`+pcfg.Name+`"}`) {
+		if strings.Contains(row[0], `{"connection_name","`+pname+`"}`) {
 			pid = id
 		}
 	}
 	if pid == "" {
-		t.Fatalf("publisher connection %s not listed", pcfg.Name)
+		t.Fatalf("publisher connection %s not listed", pname)
 	}
-	confirm := false
-	out, err := exec.Command("rabbitmqctl", "-q", "list_channels", "--no-table-headers", "connection", "confirm").CombinedOutput()
+	// A connection has several channels: its rows, not rabbitctl's map.
+	channels := rabbitctlRows(t, "list_channels", "connection", "confirm")
+	if !slices.ContainsFunc(channels, func(r []string) bool { return r[0] == pid && r[1] == "true" }) {
+		t.Errorf("no channel of the publisher's connection is in confirm mode: %q", channels)
+	}
+}
+
+// namedPublisher is x.publisher with a connection name of its own, to find
+// its connection in rabbitmqctl's lists; it returns the name too.
+func (x topo) namedPublisher(t testing.TB) (*rabbitbroker.Publisher, string) {
+	t.Helper()
+	cfg := x.pubConfig()
+	cfg.Name = unique(t, "idemtest-pub")
+	p, err := rabbitbroker.NewPublisher(cfg)
 	if err != nil {
-		t.Fatalf("rabbitmqctl list_channels: %v\n%s", err, out)
+		t.Fatal(err)
 	}
-	for line := range strings.Lines(string(out)) {
-		if f := strings.Split(strings.TrimSpace(line), "\t"); len(f) == 2 && f[0] == pid && f[1] == "true" {
-			confirm = true
-		}
-	}
-	if !confirm {
-		t.Errorf("no channel of the publisher's connection is in confirm mode:\n%s", out)
-	}
+	t.Cleanup(func() { p.Close() })
+	return p, cfg.Name
 }
 
 // rabbitctl runs rabbitmqctl list_<what> with the given columns and returns
 // its rows keyed by the first column.
 func rabbitctl(t testing.TB, cmd string, columns ...string) map[string][]string {
 	t.Helper()
+	rows := map[string][]string{}
+	for _, f := range rabbitctlRows(t, cmd, columns...) {
+		rows[f[0]] = f[1:]
+	}
+	return rows
+}
+
+// rabbitctlRows runs rabbitmqctl list_<what> with the given columns and
+// returns its rows, each with every column.
+func rabbitctlRows(t testing.TB, cmd string, columns ...string) [][]string {
+	t.Helper()
 	out, err := exec.Command("rabbitmqctl", append([]string{"-q", cmd, "--no-table-headers"}, columns...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl %s: %v\n%s", cmd, err, out)
 	}
-	rows := map[string][]string{}
+	var rows [][]string
 	for line := range strings.Lines(string(out)) {
-		f := strings.Split(strings.TrimRight(line, "\n"), "\t")
-		if len(f) == len(columns) {
-			rows[f[0]] = f[1:]
+		if f := strings.Split(strings.TrimRight(line, "\n"), "\t"); len(f) == len(columns) {
+			rows = append(rows, f)
 		}
 	}
 	return rows
