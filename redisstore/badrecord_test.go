@@ -67,7 +67,7 @@ func checkDamaged(t testing.TB, c redis.UniversalClient, s *redisstore.Store, ke
 func TestClaimBatchBadRecordMidScript(t *testing.T) {
 	run := func(t *testing.T, c redis.UniversalClient) {
 		prefix := uniquePrefix()
-		t.Cleanup(func() { dropPrefix(t, c, prefix) })
+		t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		for _, ns := range []string{"coalesced", "single"} {
@@ -163,7 +163,7 @@ func TestClaimBatchBadRecordMidScript(t *testing.T) {
 func TestCompleteBatchWrongType(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -63,7 +63,7 @@ func benchClaims(b *testing.B, callers, batch int, coalesce, setnx bool) {
 	}
 	defer func() {
 		s.Close()
-		dropPrefix(b, client, prefix)
+		redistest.DropPrefix(b, client, prefix)
 	}()
 	ctx := context.Background()
 	var next atomic.Int64
@@ -133,7 +133,7 @@ func BenchmarkComplete64(b *testing.B) {
 	}
 	defer func() {
 		s.Close()
-		dropPrefix(b, client, prefix)
+		redistest.DropPrefix(b, client, prefix)
 	}()
 	ctx := context.Background()
 	reqs := make([]idem.ClaimRequest, 2*n)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redisx/redistest"
 	"github.com/idem-dev/idem/redisstore"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestCoalesceCancel(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, CoalesceInFlight: 3})
 	bg := context.Background()
 	const n = 400

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redisx/redistest"
 	"github.com/idem-dev/idem/redisstore"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestCompleteBatchChunks(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, BatchChunk: 3})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -85,7 +86,7 @@ func TestCompleteBatchChunks(t *testing.T) {
 func TestCompleteBatchCorruptRecord(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, Namespace: "orders"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redisx/redistest"
 	"github.com/idem-dev/idem/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -30,7 +31,7 @@ func serverMicros(t testing.TB, c redis.UniversalClient) int64 {
 func TestLeaseNeverShorterThanAsked(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

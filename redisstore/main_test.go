@@ -52,46 +52,6 @@ func sharedClient(t testing.TB) *redis.Client {
 	return c
 }
 
-// dropPrefix deletes every key starting with prefix (on every master).
-func dropPrefix(t testing.TB, c redis.UniversalClient, prefix string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// One pipelined round trip per SCAN page: benchmarks leave hundreds of
-	// thousands of keys (UNLINK with many keys would be CROSSSLOT on a cluster).
-	del := func(ctx context.Context, n redis.Cmdable) error {
-		var cur uint64
-		for {
-			keys, next, err := n.Scan(ctx, cur, prefix+"*", 1000).Result()
-			if err != nil {
-				return err
-			}
-			if len(keys) > 0 {
-				pipe := n.Pipeline()
-				for _, k := range keys {
-					pipe.Unlink(ctx, k)
-				}
-				if _, err := pipe.Exec(ctx); err != nil {
-					return err
-				}
-			}
-			if next == 0 {
-				return nil
-			}
-			cur = next
-		}
-	}
-	var err error
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return del(ctx, n) })
-	} else {
-		err = del(ctx, c)
-	}
-	if err != nil {
-		t.Errorf("cleanup of %s*: %v", prefix, err)
-	}
-}
-
 // factory builds stores on client with a prefix of their own, all sharing
 // the backend, and drops their keys in cleanup.
 func factory(client redis.UniversalClient) storetest.Factory {
@@ -110,7 +70,7 @@ func factoryCfg(base redisstore.Config) storetest.Factory {
 		}
 		t.Cleanup(func() {
 			s.Close()
-			dropPrefix(t, client, prefix+ns+":")
+			redistest.DropPrefix(t, client, prefix+ns+":")
 		})
 		return s
 	}
@@ -204,7 +164,7 @@ func TestConformanceCluster(t *testing.T) {
 func TestNamespaceMethod(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	a := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, Namespace: "a"})
 	b, err := a.Namespace("b")
 	if err != nil {

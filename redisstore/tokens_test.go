@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redisx/redistest"
 	"github.com/idem-dev/idem/redisstore"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestTokensCounterAndClock(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix, Shards: 1})
 	ctx := context.Background()
 	seq := prefix + ":seq" // Namespace "", single node: one counter
@@ -68,7 +69,7 @@ func TestTokensCounterAndClock(t *testing.T) {
 func TestClaimReturnsStoredRecord(t *testing.T) {
 	c := sharedClient(t)
 	prefix := uniquePrefix()
-	t.Cleanup(func() { dropPrefix(t, c, prefix) })
+	t.Cleanup(func() { redistest.DropPrefix(t, c, prefix) })
 	for _, coalesce := range []bool{false, true} {
 		s := mustNew(t, redisstore.Config{Client: c, Prefix: prefix + strconv.FormatBool(coalesce) + ":", NoCoalesce: !coalesce})
 		ctx := context.Background()

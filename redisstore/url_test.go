@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/redisx/redistest"
 	"github.com/idem-dev/idem/redisstore"
 	"github.com/idem-dev/idem/storetest"
 )
@@ -71,7 +72,7 @@ func TestFromURLOpen(t *testing.T) {
 	// Delete keeps the namespace's token counter (idem:<ns>:seq): drop all
 	// of the namespace's keys, even when the test fails half way.
 	rc := sharedClient(t)
-	t.Cleanup(func() { dropPrefix(t, rc, "idem:"+ns+":") })
+	t.Cleanup(func() { redistest.DropPrefix(t, rc, "idem:"+ns+":") })
 	c, err := redisstore.FromURL("redis://127.0.0.1:6379?namespace=" + ns)
 	if err != nil {
 		t.Fatal(err)

@@ -245,3 +245,44 @@ func clusterState(addr string) (string, error) {
 	}
 	return "", fmt.Errorf("no cluster_state in CLUSTER INFO")
 }
+
+// DropPrefix deletes every key starting with prefix (on every master of
+// a cluster); an error fails the test (Errorf), for use at cleanup.
+func DropPrefix(t testing.TB, c redis.UniversalClient, prefix string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// One pipelined round trip per SCAN page: benchmarks leave hundreds of
+	// thousands of keys (UNLINK with many keys would be CROSSSLOT on a cluster).
+	del := func(ctx context.Context, n redis.Cmdable) error {
+		var cur uint64
+		for {
+			keys, next, err := n.Scan(ctx, cur, prefix+"*", 1000).Result()
+			if err != nil {
+				return err
+			}
+			if len(keys) > 0 {
+				pipe := n.Pipeline()
+				for _, k := range keys {
+					pipe.Unlink(ctx, k)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					return err
+				}
+			}
+			if next == 0 {
+				return nil
+			}
+			cur = next
+		}
+	}
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return del(ctx, n) })
+	} else {
+		err = del(ctx, c)
+	}
+	if err != nil {
+		t.Errorf("cleanup of %s*: %v", prefix, err)
+	}
+}
