@@ -293,26 +293,7 @@ func redisPrefix(t testing.TB) string {
 	t.Cleanup(func() {
 		c := redis.NewClient(&redis.Options{Addr: redistest.SharedAddr})
 		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var cur uint64
-		for {
-			keys, next, err := c.Scan(ctx, cur, prefix+"*", 1000).Result()
-			if err != nil {
-				t.Errorf("drop %s*: %v", prefix, err)
-				return
-			}
-			if len(keys) > 0 {
-				if err := c.Unlink(ctx, keys...).Err(); err != nil {
-					t.Errorf("drop %s*: %v", prefix, err)
-					return
-				}
-			}
-			if next == 0 {
-				return
-			}
-			cur = next
-		}
+		redistest.DropPrefix(t, c, prefix)
 	})
 	return prefix
 }
