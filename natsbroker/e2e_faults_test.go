@@ -89,7 +89,7 @@ func TestEndToEndFaults(t *testing.T) {
 	faultOutage(t, fs, gate, c, 25*time.Second)
 
 	ledger.WaitDistinct(t, "every message but the poison", n-e2etest.Poisons(n))
-	waitDrained(t, stream)
+	waitDrained(t, stream, 3*time.Minute)
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -142,15 +142,15 @@ func faultOutage(t testing.TB, fs *faultstore.Store, gate *e2etest.Gate, c *cons
 	return outage
 }
 
-// waitDrained waits until stream's durable "ledger" has nothing pending
-// or unacked.
-func waitDrained(t testing.TB, stream string) {
+// waitDrained waits up to timeout until stream's durable "ledger" has
+// nothing pending or unacked.
+func waitDrained(t testing.TB, stream string, timeout time.Duration) {
 	t.Helper()
 	cons, err := js.Consumer(context.Background(), stream, "ledger")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e2etest.WaitFor(t, "the stream to drain", 3*time.Minute, func() (bool, string) {
+	e2etest.WaitFor(t, "the stream to drain", timeout, func() (bool, string) {
 		info, err := cons.Info(context.Background())
 		if err != nil {
 			t.Fatal(err)

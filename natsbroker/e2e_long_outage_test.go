@@ -156,7 +156,7 @@ func TestEndToEndLongOutage(t *testing.T) {
 	}
 
 	ledger.WaitDistinct(t, "every message but the poison", n-e2etest.Poisons(n))
-	waitDrained(t, stream)
+	waitDrained(t, stream, 3*time.Minute)
 	e2etest.WaitFor(t, "the guard's background to settle", time.Minute, func() (bool, string) {
 		p, r, a := obs.counts()
 		return r+a >= p, fmt.Sprintf("pending %d, recovered %d, abandoned %d", p, r, a)

@@ -147,18 +147,7 @@ func testEndToEnd(t *testing.T, backend, mode string) {
 	store.down.Store(false)
 	ledger.WaitDistinct(t, "every message", n)
 	elapsed := time.Since(consumeStart)
-	// Let the stream drain: nothing pending or unacked.
-	cons, err := js.Consumer(context.Background(), stream, "ledger")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e2etest.WaitFor(t, "the stream to drain", 2*time.Minute, func() (bool, string) {
-		info, err := cons.Info(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.NumPending == 0 && info.NumAckPending == 0, fmt.Sprintf("%d pending, %d unacked", info.NumPending, info.NumAckPending)
-	})
+	waitDrained(t, stream, 2*time.Minute)
 	cancel2()
 	if err := <-done2; err != nil {
 		t.Fatal(err)
