@@ -9,7 +9,6 @@ import (
 
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/broker/membroker"
-	"github.com/idem-dev/idem/consumer"
 	"go.uber.org/goleak"
 )
 
@@ -213,16 +212,9 @@ func TestExplain(t *testing.T) {
 	p := b.NewPublisher()
 	Publish(t, p, p, "tp", 0, 3, 0)
 	sub := b.NewSubscriber("tp", "g")
-	c, err := consumer.New(l.ConsumerConfig(sub, guard, Single))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(rctx) }()
+	_, stop := RunConsumer(t, l.ConsumerConfig(sub, guard, Single))
 	l.WaitDistinct(t, "the 3 messages", 3)
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	_ = sub.Close()

@@ -119,15 +119,10 @@ func RunConsumer(t testing.TB, cfg consumer.Config) (c *consumer.Consumer, stop 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	var runErr error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			runErr = <-done
-		})
-		return runErr
-	}
+	stop = sync.OnceValue(func() error {
+		cancel()
+		return <-done
+	})
 	t.Cleanup(func() { _ = stop() })
 	return c, stop
 }
