@@ -122,8 +122,9 @@ func row(ctx context.Context, m *broker.Message) []any {
 
 // Insert is the single-message effect: one autocommitted INSERT.
 func (l *Ledger) Insert() consumer.Handler {
+	q := `INSERT INTO ` + l.Table + ` (` + strings.Join(ledgerColumns, ", ") + `) VALUES ($1, $2, $3, $4, $5, $6)`
 	return func(ctx context.Context, m *broker.Message) ([]byte, error) {
-		_, err := l.Pool.Exec(ctx, `INSERT INTO `+l.Table+` (`+strings.Join(ledgerColumns, ", ")+`) VALUES ($1, $2, $3, $4, $5, $6)`, row(ctx, m)...)
+		_, err := l.Pool.Exec(ctx, q, row(ctx, m)...)
 		return nil, err
 	}
 }
