@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -90,41 +89,30 @@ func testEndToEnd(t *testing.T, c redis.UniversalClient, backend string, mode e2
 		c     *consumer.Consumer
 		chaos *e2etest.ChaosSub
 		sub   *streamsbroker.Subscriber
-		leave func() // stops the consumer and closes the subscriber, once
+		leave func() // stops the consumer and closes the subscriber
 	}
 	join := func(nakEvery int64) *member {
 		sub, err := streamsbroker.NewSubscriber(streamsbroker.SubscriberConfig{Client: c, Stream: stream, Group: "ledger", Logger: e2etest.Quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Closed at cleanup too (Close is idempotent), after RunConsumer's
+		// cleanup has stopped the consumer (cleanups run last first) and
+		// before the stream is dropped, even when the test fails half
+		// way: a consumer left running would find the group gone and
+		// create the stream again.
+		t.Cleanup(func() { _ = sub.Close() })
 		m := &member{sub: sub, chaos: &e2etest.ChaosSub{Subscriber: sub, NakEvery: nakEvery}}
-		ctx, stop := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		var once sync.Once
-		running := false
+		var stop func() error
+		m.c, stop = e2etest.RunConsumer(t, ledger.ConsumerConfig(m.chaos, guard, mode))
 		m.leave = func() {
-			once.Do(func() {
-				stop()
-				if running {
-					if err := <-done; err != nil {
-						t.Errorf("Run = %v", err)
-					}
-				}
-				if err := sub.Close(); err != nil {
-					t.Errorf("Close = %v", err)
-				}
-			})
+			if err := stop(); err != nil {
+				t.Errorf("Run = %v", err)
+			}
+			if err := sub.Close(); err != nil {
+				t.Errorf("Close = %v", err)
+			}
 		}
-		// Registered at creation, so it runs before the stream is dropped
-		// even when the test fails half way: a consumer left running
-		// would find the group gone and create the stream again.
-		t.Cleanup(m.leave)
-		m.c, err = consumer.New(ledger.ConsumerConfig(m.chaos, guard, mode))
-		if err != nil {
-			t.Fatal(err)
-		}
-		running = true
-		go func() { done <- m.c.Run(ctx) }()
 		return m
 	}
 	pub := newPub(t, c, nil)
