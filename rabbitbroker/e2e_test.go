@@ -90,7 +90,7 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 		done  chan error
 		stop  context.CancelFunc
 	}
-	var members []*member
+	joined := 0
 	join := func(nakEvery int64, url string) *member {
 		c := cfg
 		c.URL = url
@@ -105,8 +105,8 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		m := &member{c: cons, sub: sub, chaos: cs, done: make(chan error, 1), stop: cancel}
-		name := fmt.Sprintf("consumer %d (ledger c%d)", len(members)+1, len(members)+1)
-		members = append(members, m)
+		joined++
+		name := fmt.Sprintf("consumer %d (ledger c%d)", joined, joined)
 		t.Cleanup(func() { // evidence, with the ledger's (see e2etest.Ledger.Explain)
 			if t.Failed() {
 				t.Logf("%s at the failure: forced naks %d, connects %d, stats %+v", name, m.chaos.Forced(), m.sub.Connects(), m.c.Stats())
