@@ -612,6 +612,7 @@ func TestPendingBackgroundCompletionNotOvertakenInBatch(t *testing.T) {
 	g := newGuard(t, faultstore.BatchStore{Store: fs}, idem.WithLease(lease))
 	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
 	fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+	fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{}) // the heartbeat of a BatchStore
 	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); !errors.Is(err, idem.ErrUnrecorded) {
 		t.Fatalf("err = %v, want ErrUnrecorded", err)
 	}
@@ -683,6 +684,7 @@ func TestHeldKeyNotOvertakenInProcess(t *testing.T) {
 				t.Fatalf("first claim: %v, %v", h, err)
 			}
 			fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+			fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{}) // the heartbeat of a BatchStore
 			waitUntil(t, "the lease to lapse", func() bool {
 				r, err := mem.Get(ctx, []byte("k"))
 				return err == nil && r.State == idem.StateInProgress && time.Now().After(r.LeaseUntil)
@@ -713,6 +715,7 @@ func TestHeldKeyNotOvertakenInProcess(t *testing.T) {
 				t.Fatalf("claim k2: %v, %v", h, err)
 			}
 			fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+			fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{}) // the heartbeat of a BatchStore
 			waitUntil(t, "k2's lease to lapse", func() bool {
 				r, err := mem.Get(ctx, []byte("k2"))
 				return err == nil && time.Now().After(r.LeaseUntil)

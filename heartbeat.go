@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,14 @@ type beatShard struct {
 func newBeater(g *Guard, interval time.Duration) *beater {
 	return &beater{g: g, interval: interval, kick: make(chan struct{}, 1)}
 }
+
+// beatBatchMax is the most claims one ExtendBatch call of the heartbeat
+// carries (as bgBatchMax for completions).
+const beatBatchMax = 256
+
+// errBatchCall stands for the error of an ExtendBatch call that failed as
+// a whole.
+var errBatchCall = errors.New("idem: ExtendBatch call failed")
 
 func tickFor(interval time.Duration) time.Duration { return max(interval/4, time.Millisecond) }
 
@@ -145,8 +154,16 @@ func (b *beater) loop(stop, done chan struct{}) {
 			tick = want
 			t.Reset(tick)
 		}
-		for _, h := range due {
-			go b.beat(h)
+		if be, ok := b.g.store.(BatchExtender); ok {
+			for len(due) > 0 {
+				n := min(len(due), beatBatchMax)
+				go b.beatBatch(be, slices.Clone(due[:n]))
+				due = due[n:]
+			}
+		} else {
+			for _, h := range due {
+				go b.beat(h)
+			}
 		}
 		if total == 0 {
 			b.mu.Lock()
@@ -180,6 +197,60 @@ func (b *beater) beat(h *Held) {
 	sent := b.g.cfg.clock.Now()
 	err := b.g.store.Extend(ctx, h.key, h.token, h.lease)
 	cancel()
+	if b.beaten(h, sent, err) {
+		b.g.log.Warn("idem: lease heartbeat failed; retrying", "key", string(truncKey(h.key)), "err", err)
+	}
+}
+
+// beatBatch extends hs in one ExtendBatch call, with the timeout of its
+// shortest lease, and handles each entry's answer as beat handles
+// Extend's. A call that failed as a whole (or answered for a different
+// number of entries) extended nothing that can be relied on: every claim
+// of it stays held and is retried at the next tick, as after a failed
+// Extend; it is logged once, not once per claim.
+func (b *beater) beatBatch(be BatchExtender, hs []*Held) {
+	es := make([]Extension, len(hs))
+	lease := hs[0].lease
+	for i, h := range hs {
+		es[i] = Extension{Key: h.key, Token: h.token, Lease: h.lease}
+		lease = min(lease, h.lease)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(lease/2, time.Millisecond))
+	sent := b.g.cfg.clock.Now()
+	errs, err := be.ExtendBatch(ctx, es)
+	cancel()
+	if err == nil && len(errs) != len(hs) {
+		err = fmt.Errorf("%w: ExtendBatch answered %d entries of %d", ErrUnknownOutcome, len(errs), len(hs))
+	}
+	if err != nil {
+		for _, h := range hs {
+			b.beaten(h, sent, errBatchCall) // not an entry's answer: never a loss
+		}
+		b.g.log.Warn("idem: lease heartbeat failed; retrying", "keys", len(hs), "key", string(truncKey(hs[0].key)), "err", err)
+		return
+	}
+	failed, first := 0, -1
+	for i, h := range hs {
+		// A per-entry ErrFenced or ErrNotFound is that claim's answer
+		// alone; an entry's other error (ErrUnavailable from a shard,
+		// ErrCorrupt) is retried like a failed Extend.
+		if b.beaten(h, sent, errs[i]) {
+			failed++
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if failed > 0 {
+		b.g.log.Warn("idem: lease heartbeat failed; retrying", "keys", failed, "key", string(truncKey(hs[first].key)), "err", errs[first])
+	}
+}
+
+// beaten records the answer err to an extend of h sent at sent: the lease
+// extended, the claim settled meanwhile, settled by its own effect's
+// transaction, or lost (fenced or gone). It reports whether the extend
+// failed otherwise: h stays held and is extended again at the next tick.
+func (b *beater) beaten(h *Held, sent time.Time, err error) (retry bool) {
 	if err == nil {
 		h.extended(sent)
 	}
@@ -195,26 +266,26 @@ func (b *beater) beat(h *Held) {
 		sh.mu.Unlock()
 	}
 	if settled || err == nil {
-		return
+		return false
 	}
 	if settling {
 		// The settle may just have been recorded (an extend then gets
 		// ErrFenced); its own answer says whether the claim was lost.
-		return
+		return false
 	}
 	if errors.Is(err, ErrFenced) && b.settledElsewhere(h) {
 		// Completed with our token by the effect's own transaction
 		// (pgstore's or mysqlstore's DoTx under the consumer runtime's
 		// claim): done, not lost. Nothing left to extend.
 		b.remove(h)
-		return
+		return false
 	}
 	if errors.Is(err, ErrFenced) || errors.Is(err, ErrNotFound) {
 		b.remove(h)
 		h.markLost(context.Background(), err)
-		return
+		return false
 	}
-	b.g.log.Warn("idem: lease heartbeat failed; retrying", "key", string(truncKey(h.key)), "err", err)
+	return true
 }
 
 // settledElsewhere reports that h's record is Completed with h's token:

@@ -203,6 +203,30 @@ type BatchCompleter interface {
 	CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error)
 }
 
+// Extension is one entry of ExtendBatch.
+type Extension struct {
+	Key   []byte
+	Token uint64
+	Lease time.Duration
+}
+
+// BatchExtender is an optional Store capability: extend the leases of many
+// held claims in one round-trip (the guard's heartbeat sends every claim
+// due in a tick this way, up to a few hundred per call, instead of one
+// Extend per claim: a batch consumer holding thousands of keys otherwise
+// spends a pool connection per key and tick). Each entry is applied as
+// Extend would apply it, independently of the others, and errs[i] is what
+// Extend would have returned for es[i] (nil, ErrFenced, ErrNotFound,
+// ErrInvalidKey, ErrInvalidArgument, ErrCorrupt); an invalid entry fails
+// alone. A key may appear more than once: its entries are applied in order.
+// An empty call returns no errors and touches nothing. A returned error
+// means the call as a whole failed and any subset of it may have been
+// applied; an Extend applied twice only moves the lease again, so retrying
+// is safe.
+type BatchExtender interface {
+	ExtendBatch(ctx context.Context, es []Extension) (errs []error, err error)
+}
+
 // ErrorClassifier is an optional Store capability: it maps an error from the store's
 // driver, e.g. one returned by a handler whose effect used the same database (DoTx,
 // ClaimTx), onto idem's sentinels: wrapped with ErrUnavailable (backend unreachable,

@@ -78,6 +78,7 @@ func TestHeldClaimLostNotRunTwice(t *testing.T) {
 			waitFor(t, "the message held with its claim", func() bool { return held.Load() > 0 })
 
 			fs.Inject(faultstore.OpExtend, faultstore.Fault{}) // heartbeats fail from here
+			fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{})
 			clk.Advance(3 * lease)
 			if _, err := rival.Do(context.Background(), []byte("m1"), func(context.Context) ([]byte, error) {
 				led.add("m1", "rival")

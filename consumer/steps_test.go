@@ -105,6 +105,7 @@ func TestStepUnrecordedNotRunAgain(t *testing.T) {
 	cfg.Handler = h
 	oe.fs.Inject(faultstore.OpComplete, faultstore.Fault{})
 	oe.fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+	oe.fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{})
 	c, _ := consumer.New(cfg)
 	stop := run(t, c)
 	e.publish(msg("a", "x"))

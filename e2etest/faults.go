@@ -289,9 +289,9 @@ type OutageReport struct {
 func (r OutageReport) Claims() int { return r.Calls[faultstore.OpClaim] + r.Calls[faultstore.OpBatch] }
 
 func (r OutageReport) String() string {
-	return fmt.Sprintf("%d messages in flight at its start, lasted %s, refused claim %d, batch claim %d, complete %d, complete-batch %d, extend %d, release %d",
+	return fmt.Sprintf("%d messages in flight at its start, lasted %s, refused claim %d, batch claim %d, complete %d, complete-batch %d, extend %d, extend-batch %d, release %d",
 		r.HeldAtStart, r.Lasted.Round(time.Millisecond), r.Calls[faultstore.OpClaim], r.Calls[faultstore.OpBatch], r.Calls[faultstore.OpComplete],
-		r.Calls[faultstore.OpCompleteBatch], r.Calls[faultstore.OpExtend], r.Calls[faultstore.OpRelease])
+		r.Calls[faultstore.OpCompleteBatch], r.Calls[faultstore.OpExtend], r.Calls[faultstore.OpExtendBatch], r.Calls[faultstore.OpRelease])
 }
 
 // Outage arms the gate, waits until at least want messages are held there
@@ -312,7 +312,7 @@ func Outage(t testing.TB, fs *faultstore.Store, g *Gate, want int, d time.Durati
 		n := g.Held()
 		return n >= want, fmt.Sprintf("%d held", n)
 	})
-	ops := []faultstore.Op{faultstore.OpClaim, faultstore.OpBatch, faultstore.OpComplete, faultstore.OpCompleteBatch, faultstore.OpExtend, faultstore.OpRelease}
+	ops := []faultstore.Op{faultstore.OpClaim, faultstore.OpBatch, faultstore.OpComplete, faultstore.OpCompleteBatch, faultstore.OpExtend, faultstore.OpExtendBatch, faultstore.OpRelease}
 	before := map[faultstore.Op]int{}
 	for _, op := range ops {
 		before[op] = fs.Calls(op)
@@ -331,7 +331,7 @@ func Outage(t testing.TB, fs *faultstore.Store, g *Gate, want int, d time.Durati
 	// tried: settling in-flight work (completions of the effects that ran,
 	// releases of those that failed) and keeping its leases (extends).
 	if r.HeldAtStart == 0 || r.Calls[faultstore.OpComplete]+r.Calls[faultstore.OpCompleteBatch]+r.Calls[faultstore.OpRelease] == 0 ||
-		r.Calls[faultstore.OpExtend] == 0 {
+		r.Calls[faultstore.OpExtend]+r.Calls[faultstore.OpExtendBatch] == 0 {
 		t.Errorf("the outage did not hit in-flight work (no settle or no lease extension refused): %s", r)
 	}
 	return r

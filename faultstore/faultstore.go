@@ -25,6 +25,7 @@ const (
 	OpRelease       Op = "release"
 	OpFail          Op = "fail"
 	OpExtend        Op = "extend"
+	OpExtendBatch   Op = "extend-batch"
 	OpGet           Op = "get"
 	OpDelete        Op = "delete"
 )
@@ -40,14 +41,15 @@ type Fault struct {
 	// Keys, when set, limits the fault to calls on the keys it reports
 	// true for; calls on other keys go through untouched. It is called
 	// with the store's lock held and must not call the store. In a batch
-	// call (ClaimBatch, CompleteBatch) only the matching entries fail,
+	// call (ClaimBatch, CompleteBatch, ExtendBatch) only the matching entries fail,
 	// each with Err, and the others reach the inner store (Applied,
 	// Times and Delay do not apply to entries).
 	Keys func(key []byte) bool
 }
 
-// Store is a fault-injecting idem.Store. It forwards idem.BatchClaimer to
-// the inner store when the inner store has it.
+// Store is a fault-injecting idem.Store. Its batch capabilities
+// (idem.BatchClaimer, idem.BatchCompleter, idem.BatchExtender) come with
+// WithBatch.
 type Store struct {
 	inner  idem.Store
 	mu     sync.Mutex
@@ -218,6 +220,18 @@ func (s BatchStore) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]
 	})
 }
 
+// ExtendBatch forwards to the inner store's batch extend, or extends one
+// by one when it has none. Its faults are OpExtendBatch's: a fault on
+// OpExtend fails single extends only (the guard's heartbeat sends batches
+// to a BatchStore; to make every heartbeat fail, inject both).
+func (s BatchStore) ExtendBatch(ctx context.Context, es []idem.Extension) ([]error, error) {
+	return do(s.Store, ctx, OpExtendBatch, nil, func() ([]error, error) {
+		return perEntry(s.Store, OpExtendBatch, es, func(x idem.Extension) []byte { return x.Key },
+			func(err error) error { return err },
+			func(es []idem.Extension) ([]error, error) { return s.extendBatch(ctx, es) })
+	})
+}
+
 // perEntry runs a batch call of op: the entries a fault limited to keys
 // matches fail with its error (failed), the others go to inner in one
 // call, and the answers are merged in request order.
@@ -259,8 +273,19 @@ func (s BatchStore) completeBatch(ctx context.Context, cs []idem.Completion) ([]
 	return errs, nil
 }
 
-// WithBatch returns s as an idem.BatchClaimer and idem.BatchCompleter too
-// when its inner store is a BatchClaimer.
+func (s BatchStore) extendBatch(ctx context.Context, es []idem.Extension) ([]error, error) {
+	if b, ok := s.inner.(idem.BatchExtender); ok {
+		return b.ExtendBatch(ctx, es)
+	}
+	errs := make([]error, len(es))
+	for i, x := range es {
+		errs[i] = s.inner.Extend(ctx, x.Key, x.Token, x.Lease)
+	}
+	return errs, nil
+}
+
+// WithBatch returns s as an idem.BatchClaimer, idem.BatchCompleter and
+// idem.BatchExtender too when its inner store is a BatchClaimer.
 func (s *Store) WithBatch() idem.Store {
 	if _, ok := s.inner.(idem.BatchClaimer); ok {
 		return BatchStore{s}

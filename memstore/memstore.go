@@ -490,14 +490,40 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 	if err := idem.ValidateLease(lease); err != nil {
 		return err
 	}
-	return s.settle(ctx, key, token, func(sh *shard, e *entry, now int64) error {
-		if e.state != idem.StateInProgress {
-			return idem.ErrFenced
+	return s.settle(ctx, key, token, func(sh *shard, e *entry, now int64) error { return sh.extend(e, lease, now) })
+}
+
+// ExtendBatch implements idem.BatchExtender: each entry as Extend would
+// apply it, all at one reading of the clock.
+func (s *Store) ExtendBatch(ctx context.Context, es []idem.Extension) ([]error, error) {
+	now, err := s.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(es))
+	for i := range es {
+		x := &es[i]
+		if err := idem.ValidateLease(x.Lease); err != nil {
+			errs[i] = err
+			continue
 		}
-		e.leaseUntil, e.updated = now+int64(lease), now
-		sh.expires(e, max(e.expiresAt, e.leaseUntil))
-		return nil
-	})
+		if err := idem.ValidateToken(x.Key, x.Token); err != nil {
+			errs[i] = err
+			continue
+		}
+		errs[i] = s.settleAt(now, x.Key, x.Token, func(sh *shard, e *entry, now int64) error { return sh.extend(e, x.Lease, now) })
+	}
+	return errs, nil
+}
+
+// extend applies an Extend to e. Caller holds sh.mu.
+func (sh *shard) extend(e *entry, lease time.Duration, now int64) error {
+	if e.state != idem.StateInProgress {
+		return idem.ErrFenced
+	}
+	e.leaseUntil, e.updated = now+int64(lease), now
+	sh.expires(e, max(e.expiresAt, e.leaseUntil))
+	return nil
 }
 
 // Get implements idem.Store.
@@ -677,6 +703,7 @@ var (
 	_ idem.Store           = (*Store)(nil)
 	_ idem.BatchClaimer    = (*Store)(nil)
 	_ idem.BatchCompleter  = (*Store)(nil)
+	_ idem.BatchExtender   = (*Store)(nil)
 	_ idem.Purger          = (*Store)(nil)
 	_ idem.Lister          = (*Store)(nil)
 	_ idem.Stater          = (*Store)(nil)

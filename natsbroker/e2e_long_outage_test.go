@@ -135,7 +135,7 @@ func TestEndToEndLongOutage(t *testing.T) {
 	// background, until a duplicate has claimed one of them (see the doc
 	// comment): faults limited to those keys, in place before the outage
 	// (while it lasts, every call is refused anyway).
-	for _, op := range []faultstore.Op{faultstore.OpComplete, faultstore.OpCompleteBatch, faultstore.OpFail, faultstore.OpExtend} {
+	for _, op := range []faultstore.Op{faultstore.OpComplete, faultstore.OpCompleteBatch, faultstore.OpFail, faultstore.OpExtend, faultstore.OpExtendBatch} {
 		fs.Inject(op, faultstore.Fault{Keys: obs.waiting})
 	}
 	faultOutage(t, fs, gate, c, longOutage)
