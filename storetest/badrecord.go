@@ -57,6 +57,7 @@ func (s *suite) testBadRecord(t *testing.T) {
 	good := mustClaim(t, st, req("good-done", longLease, longTTL), idem.OutcomeAcquired)
 	mustOK(t, "Complete", st.Complete(ctx, []byte("good-done"), good.Record.Token, []byte("good")))
 	goodHeld := mustClaim(t, st, req("good-held", longLease, longTTL), idem.OutcomeAcquired)
+	batchExt := mustClaim(t, st, req("batch-ext", longLease, longTTL), idem.OutcomeAcquired)
 	s.feat.CorruptRecord(t, st, []byte("bad-done"))
 	s.feat.CorruptRecord(t, st, []byte("bad-held"))
 
@@ -143,6 +144,28 @@ func (s *suite) testBadRecord(t *testing.T) {
 		}
 	} else if s.feat.CompleteBatch {
 		t.Fatalf("Features.CompleteBatch is set but %T does not implement idem.BatchCompleter", st)
+	}
+
+	if be, ok := st.(idem.BatchExtender); ok {
+		errs, err := be.ExtendBatch(ctx, []idem.Extension{
+			{Key: []byte("bad-held"), Token: held.Record.Token, Lease: longLease},
+			{Key: []byte("batch-ext"), Token: batchExt.Record.Token, Lease: longLease},
+			{Key: []byte("bad-done"), Token: done.Record.Token, Lease: longLease},
+		})
+		if err != nil {
+			t.Fatalf("ExtendBatch with damaged records among its keys failed as a whole (%v): a bad record is a per-key error", err)
+		}
+		if len(errs) != 3 {
+			t.Fatalf("ExtendBatch returned %d errors for 3 entries", len(errs))
+		}
+		mustCorrupt(t, st, "ExtendBatch entry", "bad-held", errs[0])
+		mustOK(t, "ExtendBatch entry next to damaged records", errs[1])
+		mustCorrupt(t, st, "ExtendBatch entry", "bad-done", errs[2])
+		if r := mustGet(t, st, "batch-ext"); r.State != idem.StateInProgress || r.Token != batchExt.Record.Token {
+			t.Fatalf("batch-ext after ExtendBatch: %+v", r)
+		}
+	} else if s.feat.ExtendBatch {
+		t.Fatalf("Features.ExtendBatch is set but %T does not implement idem.BatchExtender", st)
 	}
 
 	s.badRecordConcurrent(t, st)

@@ -15,8 +15,9 @@
 // expiry and takeover with larger tokens, fencing of stale tokens on every
 // method, retention, release and re-claim, fingerprints, key edge cases
 // (NUL, invalid UTF-8, case, trailing spaces, the length limit), namespace
-// isolation, context cancellation, batch semantics, and a linearizability
-// check of random concurrent histories with porcupine.
+// isolation, context cancellation, batch semantics (claims, completions and
+// lease extensions, each entry as its single call would be), and a
+// linearizability check of random concurrent histories with porcupine.
 //
 // Two cases check rules of partial failure and maintenance, each driven by
 // optional Features fields:
@@ -25,8 +26,9 @@
 //     decode makes Get, Claim, Complete, Release, Fail and Extend of that key
 //     fail with an error matching idem.ErrCorrupt that names the key and
 //     matches neither idem.ErrUnavailable nor idem.ErrUnknownOutcome (also
-//     after the store's ClassifyError, if it has one). In ClaimBatch and
-//     CompleteBatch it is that entry's error; the other entries are applied,
+//     after the store's ClassifyError, if it has one). In ClaimBatch,
+//     CompleteBatch and ExtendBatch it is that entry's error; the other
+//     entries are applied,
 //     and the keys they acquired are held by the returned tokens. Claims of
 //     other keys racing claims of the damaged one never fail. Nothing turns
 //     the damaged record into a fresh one. CorruptRecord damages one stored

@@ -28,5 +28,5 @@ func TestMemstoreConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return s
-	}, storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 20 * time.Millisecond})
+	}, storetest.Features{Batch: true, CompleteBatch: true, ExtendBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 20 * time.Millisecond})
 }

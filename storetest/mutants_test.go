@@ -149,6 +149,17 @@ func (m mutant) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]erro
 	return errs, nil
 }
 
+func (m mutant) ExtendBatch(ctx context.Context, es []idem.Extension) ([]error, error) {
+	errs := make([]error, len(es))
+	for i, x := range es {
+		if m.kind == "extend-batch-no-op" && idem.ValidateToken(x.Key, x.Token) == nil && idem.ValidateLease(x.Lease) == nil {
+			continue // answers nil without extending
+		}
+		errs[i] = m.Extend(ctx, x.Key, x.Token, x.Lease)
+	}
+	return errs, nil
+}
+
 func (m mutant) Complete(ctx context.Context, k []byte, tok uint64, res []byte) error {
 	k = m.key(k)
 	if err := m.bad(k); err != nil {
@@ -268,7 +279,7 @@ func TestMutantChild(t *testing.T) {
 		}
 		return mutant{Store: s, kind: kind, mutState: states[ns]}
 	}, storetest.Features{
-		Batch: true, CompleteBatch: true, Purge: true, LeaseUnit: 20 * time.Millisecond,
+		Batch: true, CompleteBatch: true, ExtendBatch: true, Purge: true, LeaseUnit: 20 * time.Millisecond,
 		CorruptRecord: func(t testing.TB, st idem.Store, key []byte) {
 			m := st.(mutant)
 			m.mu.Lock()
@@ -292,6 +303,7 @@ func TestSuiteCatchesMutants(t *testing.T) {
 		{"slow-short-claims", ""},
 		{"check-then-set", ""}, {"ignore-fencing", ""}, {"fold-case", ""}, {"trim-space", ""}, {"no-fingerprint", ""},
 		{"batch-fails-on-bad-record", "BadRecordPerKey"},
+		{"extend-batch-no-op", "ExtendBatch"},
 		{"purge-check-then-drop", "MaintenanceKeepsLiveRecords"},
 		{"purge-early", "MaintenanceKeepsLiveRecords"},
 	} {

@@ -28,9 +28,11 @@ type Features struct {
 	Batch bool // idem.BatchClaimer
 	// CompleteBatch: idem.BatchCompleter
 	CompleteBatch bool
-	Purge         bool // idem.Purger
-	List          bool // idem.Lister
-	Stats         bool // idem.Stater
+	// ExtendBatch: idem.BatchExtender
+	ExtendBatch bool
+	Purge       bool // idem.Purger
+	List        bool // idem.Lister
+	Stats       bool // idem.Stater
 	// ForceRelease: idem.ForceReleaser (run whenever the store has it).
 	ForceRelease bool
 	// LeaseUnit is the base duration of the timing tests (default 100ms):
@@ -115,6 +117,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"Batch", s.testBatch},
 		{"BatchLarge", s.testBatchLarge},
 		{"CompleteBatch", s.testCompleteBatch},
+		{"ExtendBatch", s.testExtendBatch},
 		{"Purge", s.testPurge},
 		{"ListInProgress", s.testList},
 		{"Stats", s.testStats},
@@ -1118,4 +1121,88 @@ func (s *suite) testCompleteBatch(t *testing.T) {
 	if len(empty) != 0 {
 		t.Fatalf("empty batch returned %d errors", len(empty))
 	}
+}
+
+// testExtendBatch: each entry applied as Extend would (a live claim, one
+// past its lease that nobody took over, one past its TTL's end if extended
+// in time), its own error for a stale token, a settled record, a missing or
+// invalid key, a zero token or lease; a key twice; an empty call. The
+// extended leases hold: a claim after the old lease finds them in progress.
+func (s *suite) testExtendBatch(t *testing.T) {
+	if _, ok := s.store(t).(idem.BatchExtender); !ok {
+		if s.feat.ExtendBatch {
+			t.Fatalf("Features.ExtendBatch is set but %T does not implement idem.BatchExtender", s.store(t))
+		}
+		t.Skip("store does not implement idem.BatchExtender (Features.ExtendBatch unset)")
+	}
+	s.withUnit(t, func(t *testing.T, u time.Duration) error {
+		st := s.store(t)
+		be := st.(idem.BatchExtender)
+		ctx := ctxT(t)
+		tok := func(k string, lease, ttl time.Duration) uint64 {
+			return mustClaim(t, st, req(k, lease, ttl), idem.OutcomeAcquired).Record.Token
+		}
+		stale := tok("stale", u, longTTL)
+		time.Sleep(2 * u)
+		fresh := tok("stale", longLease, longTTL)
+		staleRec := mustGet(t, st, "stale")
+		done := tok("done", longLease, longTTL)
+		mustOK(t, "Complete", st.Complete(ctx, []byte("done"), done, nil))
+		claimed := time.Now()
+		a := tok("a", 2*u, longTTL)
+		short := tok("short-ttl", u, 2*u)
+		es := []idem.Extension{
+			{Key: []byte("a"), Token: a, Lease: 20 * u},
+			{Key: []byte("short-ttl"), Token: short, Lease: 30 * u},
+			{Key: []byte("stale"), Token: stale, Lease: 20 * u},
+			{Key: []byte("done"), Token: done, Lease: 20 * u},
+			{Key: []byte("never"), Token: 7, Lease: 20 * u},
+			{Key: nil, Token: 1, Lease: 20 * u},
+			{Key: []byte("a"), Token: 0, Lease: 20 * u},
+			{Key: []byte("a"), Token: a, Lease: 0},
+			{Key: []byte("a"), Token: a, Lease: 20 * u},
+		}
+		want := []error{nil, nil, idem.ErrFenced, idem.ErrFenced, idem.ErrNotFound, idem.ErrInvalidKey, idem.ErrInvalidArgument, idem.ErrInvalidArgument, nil}
+		extended := time.Now()
+		errs, err := be.ExtendBatch(ctx, es)
+		mustOK(t, "ExtendBatch", err)
+		if len(errs) != len(es) {
+			t.Fatalf("ExtendBatch returned %d errors for %d entries", len(errs), len(es))
+		}
+		for i, w := range want {
+			what := fmt.Sprintf("entry %d (%q)", i, es[i].Key)
+			switch {
+			case i == 1 && late(errs[i], claimed, 2*u):
+				return lateErr("ExtendBatch of a record with a TTL of %s", 2*u)
+			case w == nil:
+				mustOK(t, what, errs[i])
+			default:
+				mustIs(t, what, errs[i], w)
+			}
+		}
+		if r := mustGet(t, st, "stale"); r.State != idem.StateInProgress || r.Token != fresh || !r.LeaseUntil.Equal(staleRec.LeaseUntil) {
+			t.Fatalf("a stale entry changed the record: %+v, was %+v", r, staleRec)
+		}
+		if r := mustGet(t, st, "done"); r.State != idem.StateCompleted {
+			t.Fatalf("an entry of a completed record changed it: %+v", r)
+		}
+		for _, k := range []string{"a", "short-ttl"} {
+			r := mustGet(t, st, k)
+			if r.ExpiresAt.Before(r.LeaseUntil) {
+				t.Fatalf("%s: ExpiresAt %s before LeaseUntil %s", k, r.ExpiresAt, r.LeaseUntil)
+			}
+		}
+		empty, err := be.ExtendBatch(ctx, nil)
+		mustOK(t, "empty ExtendBatch", err)
+		if len(empty) != 0 {
+			t.Fatalf("empty ExtendBatch returned %d errors", len(empty))
+		}
+		// Past the old leases (2u and u) and the short TTL (2u): both
+		// still held.
+		time.Sleep(4 * u)
+		if err := inProgressUnless(t, st, "a", extended, 20*u); err != nil {
+			return err
+		}
+		return inProgressUnless(t, st, "short-ttl", extended, 30*u)
+	})
 }
