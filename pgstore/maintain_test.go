@@ -53,7 +53,7 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 			var mu sync.Mutex
 			dropped := map[string]int{} // partition -> times dropped
 			onDrop := func(name string) { mu.Lock(); dropped[name]++; mu.Unlock() }
-			stop := startMaintainer(t, where, cfg, onDrop)
+			m := startMaintainer(t, where, cfg, onDrop)
 
 			const shortKeys, longKeys, rounds = 10, 5, 3
 			part := func(day int) string { return "pt_p" + oldDay(day).Format("20060102") }
@@ -89,7 +89,19 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 			}
 			// Maintenance may have dropped a long key's partition between
 			// its creation and the insert (the claim then recreates it),
-			// never after.
+			// never after. A round reports its drops when it ends: the
+			// round running now may have dropped one before the insert,
+			// so count the drops once it has ended.
+			r0, _ := m.status()
+			for r, dead := m.status(); r <= r0; r, dead = m.status() {
+				if dead != nil {
+					t.Fatalf("maintenance stopped: %v", m.describe())
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("no maintenance round ended: %v", m.describe())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
 			mu.Lock()
 			longDrops := make([]int, longKeys)
 			for j := range longKeys {
@@ -105,7 +117,11 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						req := idem.ClaimRequest{Key: shortKey(j, round), Lease: 300 * time.Millisecond, TTL: 600 * time.Millisecond}
+						// The lease outlasts a claim and its completion under
+						// load (a lease that ran out first lets maintenance
+						// drop the record: Complete gets ErrNotFound); the
+						// completed record expires 600ms after.
+						req := idem.ClaimRequest{Key: shortKey(j, round), Lease: 10 * time.Second, TTL: 600 * time.Millisecond}
 						if _, err := claim(j+round, req); err != nil {
 							errs <- fmt.Errorf("round %d: %w", round, err)
 						}
@@ -120,28 +136,32 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 					t.FailNow()
 				}
 				// Until maintenance has dropped every short key's
-				// partition, keep reading and claiming the long keys.
-				mu.Lock()
-				before := make(map[string]int, len(dropped))
-				for k, v := range dropped {
-					before[k] = v
-				}
-				mu.Unlock()
+				// partition, keep reading and claiming the long keys. The
+				// catalog says which are gone: every one held a live record
+				// after its claim, and nothing recreates it before the next
+				// round. (Counting drops instead missed those maintenance
+				// made while the other keys of the round were still being
+				// claimed, under load.)
 				deadline := time.Now().Add(30 * time.Second)
 				for {
-					mu.Lock()
 					waiting := 0
 					for j := range shortKeys {
-						if dropped[part(20+j)] == before[part(20+j)] {
+						var exists bool
+						if err := cfg.Pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", cfg.Schema+"."+part(20+j)).Scan(&exists); err != nil {
+							t.Fatal(err)
+						}
+						if exists {
 							waiting++
 						}
 					}
-					mu.Unlock()
 					if waiting == 0 {
 						break
 					}
+					if _, dead := m.status(); dead != nil {
+						t.Fatalf("round %d: maintenance stopped with %d short-key partitions left: %s", round, waiting, m.describe())
+					}
 					if time.Now().After(deadline) {
-						t.Fatalf("round %d: %d short-key partitions not dropped within 30s", round, waiting)
+						t.Fatalf("round %d: %d short-key partitions not dropped within 30s: %s", round, waiting, m.describe())
 					}
 					for j := range longKeys {
 						// A claim may wait on a partition drop's lock past the
@@ -158,7 +178,7 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			}
-			ran, err := stop()
+			ran, err := m.stop()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -182,38 +202,113 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 	}
 }
 
+// maintainer is maintenance running beside a test's claims, in this
+// process or in a child process (startMaintainer).
+type maintainer struct {
+	onDrop func(string)
+	stop   func() (int, error)
+
+	mu        sync.Mutex
+	rounds    int
+	transient []string // transient errors, retried on the next round
+	dead      error    // set when maintenance stopped on its own
+	out       strings.Builder
+}
+
+func (m *maintainer) round() { m.mu.Lock(); m.rounds++; m.mu.Unlock() }
+
+func (m *maintainer) retried(err string) {
+	m.mu.Lock()
+	m.transient = append(m.transient, err)
+	m.mu.Unlock()
+}
+
+func (m *maintainer) died(err error) {
+	m.mu.Lock()
+	if m.dead == nil {
+		m.dead = err
+	}
+	m.mu.Unlock()
+}
+
+// status reports the rounds run so far and, if maintenance stopped on its
+// own, why.
+func (m *maintainer) status() (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rounds, m.dead
+}
+
+// describe is what a test failing on maintenance says about it: rounds,
+// the transient errors it retried, the child's own output.
+func (m *maintainer) describe() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	last := m.transient[max(len(m.transient)-5, 0):]
+	return fmt.Sprintf("maintenance ran %d rounds, stopped: %v; %d transient errors (last %d: %q); output:\n%s",
+		m.rounds, m.dead, len(m.transient), len(last), last, m.out.String())
+}
+
+// transientMaint is an error a maintenance job retries on its next round
+// (what a production job does): the store was unavailable, or the outcome
+// of a statement unknown, e.g. past a call timeout under load.
+func transientMaint(err error) bool {
+	return errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome)
+}
+
 // startMaintainer runs maintenance rounds on a Store value of its own, in
-// this process (where == "StoreValues") or in a child process, until the
-// returned stop is called; stop reports how many rounds ran.
-func startMaintainer(t *testing.T, where string, cfg pgstore.Config, onDrop func(string)) (stop func() (int, error)) {
+// this process (where == "StoreValues") or in a child process, until its
+// stop is called; stop reports how many rounds ran. Transient errors are
+// retried on the next round, as a maintenance job would; any other error
+// stops maintenance, which status reports.
+func startMaintainer(t *testing.T, where string, cfg pgstore.Config, onDrop func(string)) *maintainer {
 	t.Helper()
+	m := &maintainer{onDrop: onDrop}
 	if where == "StoreValues" {
-		m, err := pgstore.New(cfg)
+		var logs syncBuffer
+		mcfg := cfg
+		mcfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		s, err := pgstore.New(mcfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		var rounds int
-		var rerr error
 		go func() {
 			defer close(done)
 			for ctx.Err() == nil {
-				names, err := maintRound(ctx, m)
-				if err != nil {
-					if ctx.Err() == nil {
-						rerr = err
-					}
-					return
-				}
+				names, err := maintRound(ctx, s)
 				for _, n := range names {
 					onDrop(n)
 				}
-				rounds++
+				switch {
+				case err == nil:
+					m.round()
+				case ctx.Err() != nil:
+					return
+				case transientMaint(err):
+					m.retried(err.Error())
+				default:
+					m.died(err)
+					return
+				}
 				time.Sleep(10 * time.Millisecond)
 			}
 		}()
-		return func() (int, error) { cancel(); <-done; return rounds, rerr }
+		var once sync.Once
+		m.stop = func() (int, error) {
+			once.Do(func() {
+				cancel()
+				<-done
+				s.Close()
+				m.mu.Lock()
+				m.out.WriteString(logs.String())
+				m.mu.Unlock()
+			})
+			return m.status()
+		}
+		t.Cleanup(func() { _, _ = m.stop() })
+		return m
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChildProcess$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), childEnv+"=maintain", "PGSTORE_CHILD_SCHEMA="+cfg.Schema, "PGSTORE_CHILD_TABLE="+cfg.Table,
@@ -230,8 +325,7 @@ func startMaintainer(t *testing.T, where string, cfg pgstore.Config, onDrop func
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var out strings.Builder
-	var rounds int
+	stopping := make(chan struct{})
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
@@ -240,32 +334,46 @@ func startMaintainer(t *testing.T, where string, cfg pgstore.Config, onDrop func
 			line := sc.Text()
 			if name, ok := strings.CutPrefix(line, "DROPPED "); ok {
 				onDrop(name)
+			} else if msg, ok := strings.CutPrefix(line, "TRANSIENT "); ok {
+				m.retried(msg)
 			} else if line == "ROUND" {
-				rounds++
+				m.round()
 			} else {
-				out.WriteString(line + "\n")
+				m.mu.Lock()
+				m.out.WriteString(line + "\n")
+				m.mu.Unlock()
 			}
 		}
+		select {
+		case <-stopping:
+		default:
+			m.died(errors.New("the maintenance child exited before it was stopped"))
+		}
 	}()
-	stopped := false
-	stopFn := func() (int, error) {
-		if stopped {
-			return rounds, nil
+	var once sync.Once
+	var werr error
+	m.stop = func() (int, error) {
+		once.Do(func() {
+			close(stopping)
+			stdin.Close() // the child stops at the end of its round
+			<-read
+			if err := cmd.Wait(); err != nil {
+				werr = fmt.Errorf("maintenance child: %v\n%s", err, m.describe())
+			}
+		})
+		r, err := m.status()
+		if werr != nil {
+			err = werr
 		}
-		stopped = true
-		stdin.Close() // the child stops at the end of its round
-		<-read
-		if err := cmd.Wait(); err != nil {
-			return rounds, fmt.Errorf("maintenance child: %v\n%s", err, out.String())
-		}
-		return rounds, nil
+		return r, err
 	}
-	t.Cleanup(func() { _, _ = stopFn() })
-	return stopFn
+	t.Cleanup(func() { _, _ = m.stop() })
+	return m
 }
 
 // childMaintain is the child's side of startMaintainer: rounds until its
-// stdin closes, each dropped partition and each round on stdout.
+// stdin closes, each dropped partition, each transient error and each
+// round on stdout; any other error fails the child.
 func childMaintain(t *testing.T, s *pgstore.Store) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -278,13 +386,17 @@ func childMaintain(t *testing.T, s *pgstore.Store) {
 		default:
 		}
 		names, err := maintRound(ctx, s)
-		if err != nil && !errors.Is(err, context.Canceled) {
-			t.Fatal(err)
-		}
 		for _, n := range names {
 			fmt.Printf("DROPPED %s\n", n)
 		}
-		fmt.Println("ROUND")
+		switch {
+		case err == nil:
+			fmt.Println("ROUND")
+		case transientMaint(err):
+			fmt.Printf("TRANSIENT %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		default:
+			t.Fatal(err)
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
