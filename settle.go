@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -129,6 +130,12 @@ func (g *Guard) settleNow(ctx context.Context, ops []*settleOp, bc BatchComplete
 	floor := clampDur(minLease/4, time.Millisecond, 250*time.Millisecond)
 	var buf [4]*settleOp
 	live := buf[:0]
+	var sc *settleScratch
+	if len(ops) > len(buf) {
+		sc = getSettleScratch()
+		sc.ops = slices.Grow(sc.ops[:0], len(ops))[:len(ops)]
+		live = sc.ops[:0] // never grown past it: live is a subset of ops
+	}
 	for round := 0; ; round++ {
 		live = live[:0]
 		wall := time.Now() // read before the guard's clock: deadlines err early, never late
@@ -151,12 +158,17 @@ func (g *Guard) settleNow(ctx context.Context, ops []*settleOp, bc BatchComplete
 			live = append(live, op)
 		}
 		if len(live) == 0 {
-			// Out of time. A last read resolves those whose outcome is
-			// unknown (applied after all, or taken over); it changes
-			// nothing, so it may run past the window.
-			rctx := ops[0].roundCtx(round, ctx, wall.Add(floor))
-			g.readBack(rctx, ops)
-			rctx.release()
+			// All done, or out of time. A last read resolves those whose
+			// outcome is unknown (applied after all, or taken over); it
+			// changes nothing, so it may run past the window.
+			if sc != nil {
+				sc.put()
+			}
+			if anyUnknown(ops) {
+				rctx := ops[0].roundCtx(round, ctx, wall.Add(floor))
+				g.readBack(rctx, ops)
+				rctx.release()
+			}
 			return
 		}
 		rctx := ops[0].roundCtx(round, ctx, wall.Add(max(end.Sub(now), floor)))
@@ -175,6 +187,16 @@ func (g *Guard) settleNow(ctx context.Context, ops []*settleOp, bc BatchComplete
 		}
 		backoff = min(backoff*2, backoffMax)
 	}
+}
+
+// anyUnknown reports whether readBack has anything to read in ops.
+func anyUnknown(ops []*settleOp) bool {
+	for _, op := range ops {
+		if !op.done && op.unknown {
+			return true
+		}
+	}
+	return false
 }
 
 func allDone(ops []*settleOp) bool {
@@ -227,7 +249,9 @@ func (g *Guard) settleRound(ctx context.Context, ops []*settleOp, bc BatchComple
 	var cs []Completion
 	var batched []*settleOp
 	if bc != nil && len(ops) > 1 {
-		cs, batched = make([]Completion, 0, len(ops)), make([]*settleOp, 0, len(ops))
+		sc := getSettleScratch()
+		cs, batched = slices.Grow(sc.cs[:0], len(ops)), slices.Grow(sc.ops[:0], len(ops))
+		defer sc.keep(&cs, &batched)
 	}
 	for _, op := range ops {
 		if op.done {
@@ -274,6 +298,36 @@ func (g *Guard) settleRound(ctx context.Context, ops []*settleOp, bc BatchComple
 		op.h.onSettle(ctx, SettleComplete, e, start)
 		op.answer(e)
 	}
+}
+
+// settleScratch is the working lists of a batch settle, reused from
+// batch to batch (a batch's settle made four lists of its size: its ops,
+// their index in the caller's list, the round's live ops, the
+// completions sent to the store). Each user takes the lists it needs and
+// gives them back grown.
+type settleScratch struct {
+	ops []*settleOp
+	idx []int
+	cs  []Completion
+}
+
+var settleScratchPool = sync.Pool{New: func() any { return new(settleScratch) }}
+
+func getSettleScratch() *settleScratch { return settleScratchPool.Get().(*settleScratch) }
+
+// keep returns sc to the pool with the lists a settle round used.
+func (sc *settleScratch) keep(cs *[]Completion, ops *[]*settleOp) {
+	sc.cs, sc.ops = *cs, *ops
+	sc.put()
+}
+
+// put returns sc to the pool, keeping no claim or key alive: what the
+// lists held up to their length is cleared.
+func (sc *settleScratch) put() {
+	clear(sc.ops)
+	clear(sc.cs)
+	sc.ops, sc.idx, sc.cs = sc.ops[:0], sc.idx[:0], sc.cs[:0]
+	settleScratchPool.Put(sc)
 }
 
 // finish ends the foreground part of op and returns what the caller gets.

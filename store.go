@@ -180,7 +180,9 @@ type BatchResult struct {
 // the first entry and reported in progress (or mismatched) for the second.
 // An invalid entry gets its error in its BatchResult and the others proceed.
 // A returned error means the whole batch failed (see ErrUnavailable and
-// ErrUnknownOutcome); the results are then nil.
+// ErrUnknownOutcome); the results are then nil. reqs is the caller's again
+// once ClaimBatch returns (the guard reuses it for its next batch): a
+// store keeps no reference to the slice.
 type BatchClaimer interface {
 	ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]BatchResult, error)
 }
@@ -198,7 +200,9 @@ type Completion struct {
 // and errs[i] is what Complete would have returned for cs[i] (nil,
 // ErrFenced, ErrNotFound, ErrInvalidKey, ErrInvalidArgument, ErrCorrupt). A returned
 // error means the call as a whole failed and any subset of it may have been
-// applied; since Complete is idempotent per token, retrying is safe.
+// applied; since Complete is idempotent per token, retrying is safe. cs
+// is the caller's again once CompleteBatch returns (the guard reuses it):
+// a store keeps no reference to the slice.
 type BatchCompleter interface {
 	CompleteBatch(ctx context.Context, cs []Completion) (errs []error, err error)
 }

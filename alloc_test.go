@@ -1,0 +1,100 @@
+//go:build !race
+
+// The race detector makes sync.Pool drop items at random and adds
+// allocations of its own: these counts hold without it.
+
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/idem-dev/idem"
+)
+
+// replayStore answers every batch claim "completed" from one slice of
+// results made up front (when res is set; the memory store claims
+// otherwise), and every batch completion from one slice of nils: what the
+// guard allocates around the store is all that is left to count.
+type replayStore struct {
+	idem.Store
+	res  []idem.BatchResult
+	errs []error
+}
+
+func (s *replayStore) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	if s.res == nil {
+		return s.Store.(idem.BatchClaimer).ClaimBatch(ctx, reqs)
+	}
+	return s.res[:len(reqs)], nil
+}
+
+func (s *replayStore) CompleteBatch(_ context.Context, cs []idem.Completion) ([]error, error) {
+	return s.errs[:len(cs)], nil
+}
+
+func batchItems(n int, prefix string) []idem.BatchItem {
+	items := make([]idem.BatchItem, n)
+	for i := range items {
+		items[i] = idem.BatchItem{Key: fmt.Appendf(nil, "%s-%d", prefix, i), Fingerprint: []byte("fp")}
+	}
+	return items
+}
+
+// AcquireBatch allocates its results and nothing else per batch: its
+// request list, the index of the keys sent to the store and their
+// holding entries are scratch reused from batch to batch.
+func TestAcquireBatchAllocs(t *testing.T) {
+	const n = 256
+	st := &replayStore{Store: newMem(t), res: make([]idem.BatchResult, n)}
+	for i := range st.res {
+		st.res[i].Claim = idem.Claim{Outcome: idem.OutcomeCompleted, Record: idem.Record{State: idem.StateCompleted, Token: 1, Attempts: 1}}
+	}
+	g := newGuard(t, st)
+	items := batchItems(n, "k")
+	allocs := testing.AllocsPerRun(50, func() {
+		acqs, err := g.AcquireBatch(ctx, items)
+		if err != nil || len(acqs) != n || acqs[0].Held != nil || !acqs[0].Result.Replayed {
+			t.Fatalf("AcquireBatch: %v (%d results)", err, len(acqs))
+		}
+	})
+	if allocs > 1 {
+		t.Errorf("AcquireBatch of %d replayed keys: %.0f allocations, want 1 (the results)", n, allocs)
+	}
+}
+
+// CompleteBatch allocates its errors and nothing else per batch (the
+// claims' settle ops live in their Held).
+func TestCompleteBatchAllocs(t *testing.T) {
+	const n, runs = 256, 20
+	g := newGuard(t, &replayStore{Store: newMem(t), errs: make([]error, n)})
+	var batches [][]*idem.Held
+	for r := 0; r < runs+1; r++ {
+		acqs, err := g.AcquireBatch(ctx, batchItems(n, fmt.Sprint("c", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := make([]*idem.Held, n)
+		for i, a := range acqs {
+			if a.Held == nil {
+				t.Fatalf("not acquired: %v", a.Err)
+			}
+			hs[i] = a.Held
+		}
+		batches = append(batches, hs)
+	}
+	next := 0
+	allocs := testing.AllocsPerRun(runs, func() {
+		hs := batches[next]
+		next++
+		for i, err := range g.CompleteBatch(ctx, hs, nil) {
+			if err != nil {
+				t.Fatalf("complete %d: %v", i, err)
+			}
+		}
+	})
+	if allocs > 1 {
+		t.Errorf("CompleteBatch of %d claims: %.0f allocations, want 1 (the errors)", n, allocs)
+	}
+}
