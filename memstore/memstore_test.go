@@ -216,3 +216,48 @@ func TestClassifyError(t *testing.T) {
 		}
 	}
 }
+
+// Fingerprints up to 32 bytes live inline in the record, longer ones
+// apart: either way a claim with the same fingerprint finds it, one
+// differing in any byte (or in length) is a mismatch, Get returns it, and
+// a record claimed without one takes the first one given on a takeover.
+func TestFingerprintLengths(t *testing.T) {
+	s, _ := memstore.New(memstore.Config{})
+	defer s.Close()
+	for _, n := range []int{1, 31, 32, 33, idem.MaxFingerprintLen} {
+		fp := bytes.Repeat([]byte{'f'}, n)
+		fp[n-1] = byte(n)
+		key := []byte(fmt.Sprint("fp-", n))
+		r := idem.ClaimRequest{Key: key, Fingerprint: fp, Lease: time.Minute, TTL: time.Hour}
+		c, err := s.Claim(ctx, r)
+		if err != nil || c.Outcome != idem.OutcomeAcquired {
+			t.Fatalf("%d bytes: claim: %v %v", n, c.Outcome, err)
+		}
+		if c, err := s.Claim(ctx, r); err != nil || c.Outcome != idem.OutcomeInProgress || !bytes.Equal(c.Record.Fingerprint, fp) {
+			t.Fatalf("%d bytes: same fingerprint: %v %q %v", n, c.Outcome, c.Record.Fingerprint, err)
+		}
+		for _, other := range [][]byte{append(bytes.Clone(fp[:n-1]), 'x'), fp[:n-1], append(bytes.Clone(fp), 'x')} {
+			if len(other) == 0 || len(other) > idem.MaxFingerprintLen {
+				continue
+			}
+			r2 := r
+			r2.Fingerprint = other
+			if _, err := s.Claim(ctx, r2); !errors.Is(err, idem.ErrFingerprintMismatch) {
+				t.Fatalf("%d bytes: fingerprint %q: %v, want a mismatch", n, other, err)
+			}
+		}
+		if g, err := s.Get(ctx, key); err != nil || !bytes.Equal(g.Fingerprint, fp) {
+			t.Fatalf("%d bytes: Get: %q %v", n, g.Fingerprint, err)
+		}
+		// Claimed without a fingerprint, released, taken over with one.
+		bare := []byte(fmt.Sprint("bare-", n))
+		c, _ = s.Claim(ctx, idem.ClaimRequest{Key: bare, Lease: time.Minute, TTL: time.Hour})
+		if err := s.Release(ctx, bare, c.Record.Token, ""); err != nil {
+			t.Fatal(err)
+		}
+		r.Key = bare
+		if c, err := s.Claim(ctx, r); err != nil || c.Outcome != idem.OutcomeAcquired || !bytes.Equal(c.Record.Fingerprint, fp) {
+			t.Fatalf("%d bytes: takeover: %v %q %v", n, c.Outcome, c.Record.Fingerprint, err)
+		}
+	}
+}
