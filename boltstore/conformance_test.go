@@ -30,7 +30,7 @@ func conformance(t *testing.T, fsync FsyncPolicy) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	}, storetest.Features{
-		Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 200 * time.Millisecond,
+		Batch: true, CompleteBatch: true, ExtendBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 200 * time.Millisecond,
 		CorruptRecord: corruptRecord,
 		// Maintenance is Purge (the default) racing the background sweeper,
 		// which runs every 50ms here. Compact needs the store closed.

@@ -7,8 +7,8 @@
 // one commit is being fsynced is applied, in arrival order, in the next
 // transaction and shares its fsync (group commit). An operation returns only
 // after the commit holding it is durable; if that commit fails, every
-// operation in it fails and none is reported done. ClaimBatch and
-// CompleteBatch are each one transaction.
+// operation in it fails and none is reported done. ClaimBatch,
+// CompleteBatch and ExtendBatch are each one transaction.
 //
 // One file holds many namespaces (a bucket each); Open returns the handle of
 // Config.Namespace and Store.Namespace the others. Tokens come from the

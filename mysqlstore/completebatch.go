@@ -13,17 +13,22 @@ import (
 	"github.com/idem-dev/idem"
 )
 
-var _ idem.BatchCompleter = (*Store)(nil)
+var (
+	_ idem.BatchCompleter = (*Store)(nil)
+	_ idem.BatchExtender  = (*Store)(nil)
+)
 
 // maxCompleteSQL bounds one CompleteBatch statement (results are sent as
 // hex, up to 2 MiB each) well under the default max_allowed_packet (16 MiB).
 const maxCompleteSQL = 8 << 20
 
-// completion is one distinct (key, token) of a CompleteBatch call.
-type completion struct {
+// batchEntry is one distinct (key, token) of a CompleteBatch or
+// ExtendBatch call.
+type batchEntry struct {
 	key    []byte
 	token  uint64
-	result []byte
+	result []byte // CompleteBatch's
+	lease  int64  // ExtendBatch's, µs
 	l      loc
 	err    error // the verdict, once the statement ran
 }
@@ -50,60 +55,92 @@ type completion struct {
 // applied (ErrUnknownOutcome). Completing again with the same token is
 // idempotent, so the caller can retry.
 func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]error, error) {
+	return s.tokenBatch(ctx, false, len(cs), func(i int) (batchEntry, error) {
+		c := &cs[i]
+		if err := idem.ValidateToken(c.Key, c.Token); err != nil {
+			return batchEntry{}, err
+		}
+		return batchEntry{key: c.Key, token: c.Token, result: c.Result}, idem.ValidateResult(c.Result)
+	})
+}
+
+// ExtendBatch implements idem.BatchExtender as CompleteBatch does
+// completions: one multi-table UPDATE per table and MaxBatch rows, the
+// derived table carrying each entry's lease, with Extend's SET clause and
+// condition; one read judges the entries when fewer rows changed than
+// entries were sent. Of several entries with the same key and token only
+// one is sent, with the last entry's lease (sequential Extends leave the
+// last lease; within one statement they would all read the same clock),
+// and they share its verdict. The guard's heartbeat sends the claims due in
+// a tick this way instead of one statement (and connection) per claim.
+func (s *Store) ExtendBatch(ctx context.Context, es []idem.Extension) ([]error, error) {
+	return s.tokenBatch(ctx, true, len(es), func(i int) (batchEntry, error) {
+		x := &es[i]
+		if err := idem.ValidateToken(x.Key, x.Token); err != nil {
+			return batchEntry{}, err
+		}
+		return batchEntry{key: x.Key, token: x.Token, lease: x.Lease.Microseconds()}, idem.ValidateLease(x.Lease)
+	})
+}
+
+// tokenBatch runs CompleteBatch (extend false) or ExtendBatch over n
+// entries; entry(i) returns entry i, or its validation error.
+func (s *Store) tokenBatch(ctx context.Context, extend bool, n int, entry func(i int) (batchEntry, error)) ([]error, error) {
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
-	errs := make([]error, len(cs))
+	errs := make([]error, n)
 	type pair struct {
 		key   string
 		token uint64
 	}
-	ref := make([]*completion, len(cs))
-	seen := map[pair]*completion{}
-	var todo []*completion
-	for i, c := range cs {
-		if errs[i] = idem.ValidateToken(c.Key, c.Token); errs[i] != nil {
+	ref := make([]*batchEntry, n)
+	seen := map[pair]*batchEntry{}
+	var todo []*batchEntry
+	for i := range n {
+		e, err := entry(i)
+		if errs[i] = err; err != nil {
 			continue
 		}
-		if errs[i] = idem.ValidateResult(c.Result); errs[i] != nil {
-			continue
-		}
-		l, err := s.locate(c.Key)
+		l, err := s.locate(e.key)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		p := pair{string(c.Key), c.Token}
+		p := pair{string(e.key), e.token}
 		if ref[i] = seen[p]; ref[i] == nil {
-			ref[i] = &completion{key: c.Key, token: c.Token, result: c.Result, l: l}
+			e.l = l
+			ref[i] = &e
 			seen[p] = ref[i]
 			todo = append(todo, ref[i])
+		} else if extend {
+			ref[i].lease = e.lease
 		}
 	}
 	if len(todo) == 0 {
 		return errs, nil
 	}
-	if err := s.completeAll(ctx, todo); err != nil {
+	if err := s.updateAll(ctx, todo, extend); err != nil {
 		return nil, err
 	}
-	for i, c := range ref {
-		if c != nil {
-			errs[i] = c.err
+	for i, e := range ref {
+		if e != nil {
+			errs[i] = e.err
 		}
 	}
 	return errs, nil
 }
 
-// completeAll splits todo into statements (per table, sorted by primary
+// updateAll splits todo into statements (per table, sorted by primary
 // key so concurrent batches lock rows in the same order, at most MaxBatch
 // rows and maxCompleteSQL bytes each) and runs them, in parallel when there
 // are several.
-func (s *Store) completeAll(ctx context.Context, todo []*completion) error {
-	slices.SortFunc(todo, func(a, b *completion) int {
+func (s *Store) updateAll(ctx context.Context, todo []*batchEntry, extend bool) error {
+	slices.SortFunc(todo, func(a, b *batchEntry) int {
 		return cmp.Or(strings.Compare(a.l.table, b.l.table), cmp.Compare(a.l.kt, b.l.kt),
 			bytes.Compare(a.l.hash[:], b.l.hash[:]), cmp.Compare(a.token, b.token))
 	})
-	var chunks [][]*completion
+	var chunks [][]*batchEntry
 	start, size := 0, 0
 	for i, c := range todo {
 		n := 2*len(c.result) + 200
@@ -116,11 +153,11 @@ func (s *Store) completeAll(ctx context.Context, todo []*completion) error {
 	chunks = append(chunks, todo[start:])
 	errs := make([]error, len(chunks))
 	if len(chunks) == 1 {
-		errs[0] = s.completeChunk(ctx, chunks[0])
+		errs[0] = s.runChunk(ctx, chunks[0], extend)
 	} else {
 		var wg sync.WaitGroup
 		for i := range chunks {
-			wg.Go(func() { errs[i] = s.completeChunk(ctx, chunks[i]) })
+			wg.Go(func() { errs[i] = s.runChunk(ctx, chunks[i], extend) })
 		}
 		wg.Wait()
 	}
@@ -133,15 +170,23 @@ func (s *Store) completeAll(ctx context.Context, todo []*completion) error {
 		}
 	}
 	if first != nil && failed < len(chunks) && !errors.Is(first, idem.ErrUnknownOutcome) {
-		return fmt.Errorf("%w: mysqlstore: %d of %d complete statements failed: %w", idem.ErrUnknownOutcome, failed, len(chunks), first)
+		return fmt.Errorf("%w: mysqlstore: %d of %d %s statements failed: %w", idem.ErrUnknownOutcome, failed, len(chunks), opName(extend), first)
 	}
 	return first
 }
 
-// completeSQL builds the UPDATE for one chunk (one table): Complete's SET
-// clause and condition, with the token taken from the derived table v and
-// the result chosen by the entry's position in it.
-func (s *Store) completeSQL(chunk []*completion) string {
+func opName(extend bool) string {
+	if extend {
+		return "extend"
+	}
+	return "complete"
+}
+
+// batchSQL builds the UPDATE for one chunk (one table): Complete's (or
+// Extend's) SET clause and condition, with the token taken from the
+// derived table v and the result chosen by the entry's position in it (or
+// the lease taken from it).
+func (s *Store) batchSQL(chunk []*batchEntry, extend bool) string {
 	timed := s.cfg.Layout.timed()
 	var sb strings.Builder
 	size := 512
@@ -169,8 +214,13 @@ func (s *Store) completeSQL(chunk []*completion) string {
 		uintLit(&sb, c.token)
 		as("bt")
 		sb.WriteByte(',')
-		intLit(&sb, int64(i+1))
-		as("bi")
+		if extend {
+			intLit(&sb, c.lease)
+			as("bl")
+		} else {
+			intLit(&sb, int64(i+1))
+			as("bi")
+		}
 		if timed {
 			sb.WriteByte(',')
 			intLit(&sb, c.l.kt)
@@ -184,32 +234,36 @@ func (s *Store) completeSQL(chunk []*completion) string {
 		sb.WriteString("key_time = v.bkt AND ")
 	}
 	sb.WriteString("key_hash = v.bh SET ")
-	// The results stay out of the derived table: MariaDB 10.11 silently
-	// truncates a UNION column of binary literals longer than 64 KiB (to
-	// the length mod 65536). ELT picks the entry's literal by position.
-	completeOpWith(func(sb *strings.Builder) {
-		sb.WriteString("ELT(v.bi")
-		for _, c := range chunk {
-			sb.WriteByte(',')
-			if len(c.result) == 0 {
-				sb.WriteString("NULL")
-			} else {
-				hexLit(sb, c.result)
+	if extend {
+		extendOpWith(func(sb *strings.Builder) { sb.WriteString("v.bl") }).set(&sb)
+	} else {
+		// The results stay out of the derived table: MariaDB 10.11 silently
+		// truncates a UNION column of binary literals longer than 64 KiB (to
+		// the length mod 65536). ELT picks the entry's literal by position.
+		completeOpWith(func(sb *strings.Builder) {
+			sb.WriteString("ELT(v.bi")
+			for _, c := range chunk {
+				sb.WriteByte(',')
+				if len(c.result) == 0 {
+					sb.WriteString("NULL")
+				} else {
+					hexLit(sb, c.result)
+				}
 			}
-		}
-		sb.WriteByte(')')
-	}).set(&sb)
+			sb.WriteByte(')')
+		}).set(&sb)
+	}
 	sb.WriteString(", updated_at = " + nowUS + " WHERE ns = ")
 	sb.WriteString(s.nsLit)
 	finishCond(&sb, func(sb *strings.Builder) { sb.WriteString("v.bt") })
 	return sb.String()
 }
 
-// completeChunk runs one chunk's UPDATE in autocommit (deadlocks retried:
+// runChunk runs one chunk's UPDATE in autocommit (deadlocks retried:
 // the statement was rolled back) and, unless it changed a row for every
 // entry, reads the chunk's records once to judge each entry.
-func (s *Store) completeChunk(ctx context.Context, chunk []*completion) error {
-	query := s.completeSQL(chunk)
+func (s *Store) runChunk(ctx context.Context, chunk []*batchEntry, extend bool) error {
+	query := s.batchSQL(chunk, extend)
 	c, err := s.conn(ctx)
 	if err != nil {
 		return err
@@ -230,15 +284,15 @@ func (s *Store) completeChunk(ctx context.Context, chunk []*completion) error {
 	if n == int64(len(chunk)) {
 		return nil // every entry matched a live record with its token
 	}
-	if err := s.judgeChunk(ctx, c, chunk); err != nil {
-		return fmt.Errorf("%w: mysqlstore: %d of %d completions applied, then: %w", idem.ErrUnknownOutcome, n, len(chunk), err)
+	if err := s.judgeChunk(ctx, c, chunk, extend); err != nil {
+		return fmt.Errorf("%w: mysqlstore: %d of %d %s entries applied, then: %w", idem.ErrUnknownOutcome, n, len(chunk), opName(extend), err)
 	}
 	return nil
 }
 
 // judgeChunk reads the live records of a chunk's keys and sets each
 // entry's verdict as finish does after an UPDATE that changed nothing.
-func (s *Store) judgeChunk(ctx context.Context, q querier, chunk []*completion) error {
+func (s *Store) judgeChunk(ctx context.Context, q querier, chunk []*batchEntry, extend bool) error {
 	var sb strings.Builder
 	sb.WriteString("SELECT key_hash, k, state, token FROM ")
 	sb.WriteString(chunk[0].l.table)
@@ -275,6 +329,9 @@ func (s *Store) judgeChunk(ctx context.Context, q querier, chunk []*completion) 
 		return err
 	}
 	op := completeOp(nil)
+	if extend {
+		op = extendOp(0)
+	}
 	for _, c := range chunk {
 		r, ok := found[c.l.hash]
 		switch {
@@ -285,7 +342,11 @@ func (s *Store) judgeChunk(ctx context.Context, q querier, chunk []*completion) 
 		case r.token == c.token && r.state == stInProgress:
 			// Not expected (the UPDATE would have matched it); settle this
 			// entry alone rather than guess.
-			c.err = s.finish(ctx, q, c.key, c.token, completeOp(c.result))
+			one := completeOp(c.result)
+			if extend {
+				one = extendOp(c.lease)
+			}
+			c.err = s.finish(ctx, q, c.key, c.token, one)
 			if c.err != nil && !errors.Is(c.err, idem.ErrFenced) && !errors.Is(c.err, idem.ErrNotFound) {
 				return c.err
 			}

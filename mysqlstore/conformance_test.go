@@ -129,7 +129,7 @@ func TestConformance(t *testing.T) {
 			}
 			var mu sync.Mutex
 			nsOf := map[idem.Store]string{}
-			feat := storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 100 * time.Millisecond,
+			feat := storetest.Features{Batch: true, CompleteBatch: true, ExtendBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 100 * time.Millisecond,
 				CorruptRecord: func(t testing.TB, st idem.Store, key []byte) {
 					mu.Lock()
 					ns := nsOf[st]

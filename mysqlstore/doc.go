@@ -14,7 +14,8 @@
 // Complete is one conditional UPDATE; CompleteBatch (idem.BatchCompleter)
 // applies many completions with the same SET clause and condition in one
 // UPDATE ... JOIN statement per table, one round trip for a batch of held
-// claims.
+// claims; ExtendBatch (idem.BatchExtender) extends many leases the same way
+// (the guard's heartbeat uses it).
 //
 // Records are keyed by (namespace, SHA-256(key)[:16]) in a BINARY column,
 // never by the key text: MariaDB's default collations compare strings

@@ -989,10 +989,23 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	us := fmt.Sprint(lease.Microseconds())
-	return s.finishConn(ctx, key, token, finishOp{name: "extend", target: idem.StateInProgress, set: func(sb *strings.Builder) {
-		sb.WriteString("lease_until = " + nowUS + " + " + us + ", expires_at = GREATEST(expires_at, " + nowUS + " + " + us + ")")
-	}})
+	return s.finishConn(ctx, key, token, extendOp(lease.Microseconds()))
+}
+
+func extendOp(leaseUS int64) finishOp {
+	return extendOpWith(func(sb *strings.Builder) { intLit(sb, leaseUS) })
+}
+
+// extendOpWith is Extend's operation with the lease (µs) written by lease
+// (a literal, or a column of ExtendBatch's derived table).
+func extendOpWith(lease func(*strings.Builder)) finishOp {
+	return finishOp{name: "extend", target: idem.StateInProgress, set: func(sb *strings.Builder) {
+		sb.WriteString("lease_until = " + nowUS + " + ")
+		lease(sb)
+		sb.WriteString(", expires_at = GREATEST(expires_at, " + nowUS + " + ")
+		lease(sb)
+		sb.WriteByte(')')
+	}}
 }
 
 // Get implements idem.Store.

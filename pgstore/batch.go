@@ -452,27 +452,9 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 		return nil, err
 	}
 	errs := make([]error, len(cs))
-	type entry struct {
-		i   int
-		ref keyRef
-		res []byte
-	}
-	var todo []entry
+	todo := make([]mutEntry, 0, len(cs))
 	for i, c := range cs {
-		if err := idem.ValidateToken(c.Key, c.Token); err != nil {
-			errs[i] = err
-			continue
-		}
 		if err := idem.ValidateResult(c.Result); err != nil {
-			errs[i] = err
-			continue
-		}
-		if c.Token > 1<<63-1 {
-			errs[i] = fmt.Errorf("%w: token %d was never issued", idem.ErrFenced, c.Token)
-			continue
-		}
-		r, err := s.ref(c.Key)
-		if err != nil {
 			errs[i] = err
 			continue
 		}
@@ -480,14 +462,88 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 		if res == nil {
 			res = []byte{}
 		}
-		todo = append(todo, entry{i, r, res})
+		if e, err := s.mutEntry(i, c.Key, c.Token, res); err != nil {
+			errs[i] = err
+		} else {
+			todo = append(todo, e)
+		}
 	}
+	if err := s.mutateBatch(ctx, q, mutComplete, todo, errs, inTx); err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// ExtendBatch implements idem.BatchExtender as CompleteBatch does
+// completions: one token-checked UPDATE per entry (Extend's statement),
+// pipelined in one round trip on one connection. The guard's heartbeat
+// sends the claims due in a tick this way: one Extend per claim starved a
+// pool shared with the handler's own queries (a batch consumer holding
+// ~2,000 keys).
+func (s *Store) ExtendBatch(ctx context.Context, es []idem.Extension) ([]error, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(es))
+	todo := make([]mutEntry, 0, len(es))
+	for i, x := range es {
+		if err := idem.ValidateLease(x.Lease); err != nil {
+			errs[i] = err
+			continue
+		}
+		if e, err := s.mutEntry(i, x.Key, x.Token, x.Lease.Microseconds()); err != nil {
+			errs[i] = err
+		} else {
+			todo = append(todo, e)
+		}
+	}
+	if err := s.mutateBatch(ctx, s.pool, mutExtend, todo, errs, false); err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// mutEntry is one entry of a batch of token-checked mutations: its index
+// in the call, its key and token, and the mutation's argument.
+type mutEntry struct {
+	i     int
+	ref   keyRef
+	token uint64
+	arg   any
+	sort  sortKey
+}
+
+// mutEntry checks an entry's key and token as mutateTop does.
+func (s *Store) mutEntry(i int, key []byte, token uint64, arg any) (mutEntry, error) {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return mutEntry{}, err
+	}
+	if token > 1<<63-1 {
+		return mutEntry{}, fmt.Errorf("%w: token %d was never issued", idem.ErrFenced, token)
+	}
+	r, err := s.ref(key)
+	if err != nil {
+		return mutEntry{}, err
+	}
+	return mutEntry{i: i, ref: r, token: token, arg: arg, sort: sortKey{table: int32(r.table), kt: r.ktime.UnixMicro(),
+		h0: binary.BigEndian.Uint64(r.hash), h1: binary.BigEndian.Uint64(r.hash[8:])}}, nil
+}
+
+// mutateBatch sends mutation m of every entry of todo, pipelined in one
+// round trip, and sets errs[e.i] from each answer. The statements go in
+// index order, as ClaimBatch's rows do (then request order, so a key's
+// entries apply in order): batches locking overlapping rows lock them in
+// the same order and do not deadlock each other. An entry whose statement
+// raced a concurrent change is settled with a follow-up statement of its
+// own. A returned error: the call failed as a whole.
+func (s *Store) mutateBatch(ctx context.Context, q querier, m mutation, todo []mutEntry, errs []error, inTx bool) error {
 	if len(todo) == 0 {
-		return errs, nil
+		return nil
 	}
+	slices.SortStableFunc(todo, func(a, b mutEntry) int { return a.sort.compare(&b.sort) })
 	b := &pgx.Batch{}
 	for _, e := range todo {
-		b.Queue(s.tables[e.ref.table].mut[mutComplete], s.args(e.ref, int64(cs[e.i].Token), e.res, e.ref.key)...)
+		b.Queue(s.tables[e.ref.table].mut[m], s.args(e.ref, int64(e.token), e.arg, e.ref.key)...)
 	}
 	answers := make([]mutAnswer, len(todo))
 	br := q.SendBatch(ctx, b)
@@ -495,23 +551,22 @@ func (s *Store) completeBatch(ctx context.Context, q querier, cs []idem.Completi
 		a := &answers[j]
 		if err := br.QueryRow().Scan(&a.done, &a.state, &a.cur, &a.key); err != nil {
 			_ = br.Close()
-			return nil, s.mapErr(ctx, err, !inTx)
+			return s.mapErr(ctx, err, !inTx)
 		}
 	}
 	if err := br.Close(); err != nil {
-		return nil, s.mapErr(ctx, err, !inTx)
+		return s.mapErr(ctx, err, !inTx)
 	}
 	for j, e := range todo {
-		tok := cs[e.i].Token
-		if errs[e.i] = answers[j].judge(mutComplete, e.ref, tok); errs[e.i] == errSettle {
+		if errs[e.i] = answers[j].judge(m, e.ref, e.token); errs[e.i] == errSettle {
 			// Our snapshot predates a concurrent change: ask again alone.
-			errs[e.i] = s.mutate(ctx, q, mutComplete, e.ref, tok, e.res, inTx)
+			errs[e.i] = s.mutate(ctx, q, m, e.ref, e.token, e.arg, inTx)
 		}
 		if errs[e.i] != nil && !errors.Is(errs[e.i], idem.ErrNotFound) && !errors.Is(errs[e.i], idem.ErrFenced) && !errors.Is(errs[e.i], idem.ErrCorrupt) {
-			return nil, errs[e.i] // the follow-up failed as a whole
+			return errs[e.i] // the follow-up failed as a whole
 		}
 	}
-	return errs, nil
+	return nil
 }
 
 // byteaArray is a bytea[] parameter. pgx encodes a [][]byte through

@@ -31,7 +31,7 @@ func TestConformance(t *testing.T) {
 			var mu sync.Mutex
 			cfgs := map[testing.TB]pgstore.Config{}
 			nss := map[idem.Store]string{}
-			feat := storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 250 * time.Millisecond}
+			feat := storetest.Features{Batch: true, CompleteBatch: true, ExtendBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 250 * time.Millisecond}
 			feat.CorruptRecord = func(t testing.TB, st idem.Store, key []byte) {
 				mu.Lock()
 				cfg, ns := cfgs[t], nss[st]

@@ -14,7 +14,11 @@
 // bare multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING token (one
 // sequence value per statement), so a batch of fresh keys costs one round
 // trip; only the keys that already had a row go through the claim
-// statement over unnest()ed arrays, in a second one.
+// statement over unnest()ed arrays, in a second one. CompleteBatch and
+// ExtendBatch pipeline Complete's (Extend's) own token-checked UPDATE per
+// entry, in index order, in one round trip on one connection: the guard's
+// heartbeat extends the claims due in a tick this way instead of taking a
+// pool connection per claim.
 //
 // Transactional use: ClaimTx/CompleteTx (and ClaimBatchTx/CompleteBatchTx)
 // take the caller's pgx.Tx, and DoTx runs the caller's effect between

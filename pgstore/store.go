@@ -27,7 +27,7 @@ type querier interface {
 }
 
 // Store is a PostgreSQL idem.Store. It implements idem.BatchClaimer,
-// idem.BatchCompleter, idem.Purger, idem.Lister, idem.Stater, idem.Pinger
+// idem.BatchCompleter, idem.BatchExtender, idem.Purger, idem.Lister, idem.Stater, idem.Pinger
 // and idem.ErrorClassifier.
 type Store struct {
 	orig   Config
@@ -52,6 +52,7 @@ var (
 	_ idem.Stater         = (*Store)(nil)
 	_ idem.Pinger         = (*Store)(nil)
 	_ idem.BatchCompleter = (*Store)(nil)
+	_ idem.BatchExtender  = (*Store)(nil)
 )
 
 // New returns a Store for cfg. It does no I/O: run Migrate (or the

@@ -24,6 +24,7 @@
 // CompleteBatch settles many held claims the same way, each entry exactly as
 // Complete would (the same Lua update runs per entry); a batch that was only
 // partly applied returns idem.ErrUnknownOutcome, and retrying it is safe.
+// ExtendBatch extends many leases so too (the guard's heartbeat uses it).
 // Concurrent Claim calls share batch scripts too (Config.CoalesceInFlight,
 // Config.NoCoalesce).
 //

@@ -85,7 +85,7 @@ func factoryCfg(base redisstore.Config) storetest.Factory {
 // itself) unless maintain is given.
 func features(client redis.UniversalClient, maintain func(context.Context, idem.Store) error) storetest.Features {
 	var n atomic.Int64
-	return storetest.Features{Batch: true, CompleteBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 200 * time.Millisecond,
+	return storetest.Features{Batch: true, CompleteBatch: true, ExtendBatch: true, Purge: true, List: true, Stats: true, ForceRelease: true, LeaseUnit: 200 * time.Millisecond,
 		CorruptRecord: func(t testing.TB, st idem.Store, key []byte) {
 			how := "string"
 			if n.Add(1)%2 == 0 {

@@ -166,7 +166,7 @@ return out
 // the result, cause or lease ms, alen the cause's length (the client sends
 // it: see the record format above). It returns 1 done, 0 not found, -1
 // fenced, -2 not a record of ours (nothing written), -3 unknown op. updateScript runs it once,
-// completeBatchScript once per entry.
+// completeBatchScript and extendBatchScript once per entry.
 const luaUpdate = `
 local function update(rk, op, tok, arg, alen)
   local v = redis.pcall('GET', rk)
@@ -219,6 +219,17 @@ var completeBatchScript = script.New(luaPrelude + luaUpdate + `
 local out = {}
 for i = 1, #KEYS do
   out[i] = update(KEYS[i], 'c', ARGV[2*i-1], ARGV[2*i], '')
+end
+return out
+`)
+
+// extendBatchScript extends n leases, each independently, in order, as
+// completeBatchScript completes. KEYS: record1, record2... ARGV: token1,
+// lease ms1, token2, lease ms2... Returns one update code per key.
+var extendBatchScript = script.New(luaPrelude + luaUpdate + `
+local out = {}
+for i = 1, #KEYS do
+  out[i] = update(KEYS[i], 'e', ARGV[2*i-1], ARGV[2*i], 0)
 end
 return out
 `)

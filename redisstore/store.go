@@ -15,9 +15,9 @@ import (
 )
 
 // Store is an idem.Store on Redis (single node, Sentinel or Cluster). It
-// also implements idem.BatchClaimer, idem.BatchCompleter, idem.Purger,
-// idem.Lister, idem.Stater, idem.Pinger and idem.ErrorClassifier. Safe for
-// concurrent use.
+// also implements idem.BatchClaimer, idem.BatchCompleter,
+// idem.BatchExtender, idem.Purger, idem.Lister, idem.Stater, idem.Pinger
+// and idem.ErrorClassifier. Safe for concurrent use.
 type Store struct {
 	cfg     Config
 	client  redis.UniversalClient
@@ -32,6 +32,7 @@ var (
 	_ idem.Store           = (*Store)(nil)
 	_ idem.BatchClaimer    = (*Store)(nil)
 	_ idem.BatchCompleter  = (*Store)(nil)
+	_ idem.BatchExtender   = (*Store)(nil)
 	_ idem.Purger          = (*Store)(nil)
 	_ idem.Lister          = (*Store)(nil)
 	_ idem.Stater          = (*Store)(nil)
