@@ -23,6 +23,11 @@ import (
 // lease shorter than the guard's is kept alive too. A claim survives a delay
 // (scheduling, a stalled process, a slow store) of up to about 7/12 of its
 // lease: its lease must exceed the worst such delay (docs/guard.md).
+//
+// The claims due in one tick are extended together: in ExtendBatch calls
+// of up to beatBatchMax when the store is a BatchExtender (a batch
+// consumer holds thousands of keys; one Extend each starved a shared
+// connection pool), otherwise one Extend each.
 type beater struct {
 	g        *Guard
 	interval time.Duration // for the guard's own lease

@@ -23,7 +23,7 @@ func TestFaultLimitedToKeys(t *testing.T) {
 	fs := faultstore.New(mem)
 	st := fs.WithBatch()
 	only := func(k []byte) bool { return string(k) == "b" }
-	for _, op := range []faultstore.Op{faultstore.OpBatch, faultstore.OpComplete, faultstore.OpCompleteBatch} {
+	for _, op := range []faultstore.Op{faultstore.OpBatch, faultstore.OpComplete, faultstore.OpCompleteBatch, faultstore.OpExtendBatch} {
 		fs.Inject(op, faultstore.Fault{Keys: only})
 	}
 	req := func(k string) idem.ClaimRequest {
@@ -41,6 +41,11 @@ func TestFaultLimitedToKeys(t *testing.T) {
 	b, err := st.Claim(ctx, req("b")) // OpClaim has no fault
 	if err != nil || b.Outcome != idem.OutcomeAcquired {
 		t.Fatalf("claim b: %+v, %v", b, err)
+	}
+	xerrs, err := st.(idem.BatchExtender).ExtendBatch(ctx, []idem.Extension{
+		{Key: []byte("a"), Token: rs[0].Claim.Record.Token, Lease: time.Minute}, {Key: []byte("b"), Token: b.Record.Token, Lease: time.Minute}})
+	if err != nil || xerrs[0] != nil || !errors.Is(xerrs[1], idem.ErrUnavailable) {
+		t.Fatalf("extend batch: %v, %v; want a extended, b unavailable", xerrs, err)
 	}
 	if err := st.Complete(ctx, []byte("b"), b.Record.Token, nil); !errors.Is(err, idem.ErrUnavailable) {
 		t.Fatalf("complete b: %v, want unavailable", err)
