@@ -37,6 +37,7 @@ func TestEndToEndFaults(t *testing.T) {
 	if _, _, child := e2etest.ChildParams(); child {
 		t.Skip("child process")
 	}
+	t.Parallel() // its own cluster, ledger schema and child process
 	n := e2etest.Messages(t, false)
 	if n == 10_000 {
 		n = 4000 // the default size of this scenario (8 poison messages)

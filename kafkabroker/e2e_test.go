@@ -40,6 +40,10 @@ func publishWithDuplicates(t testing.TB, c *kfake.Cluster, topic string, from, t
 // with no unique constraint. Every message must be there exactly once and
 // the group's commits must reach the end of every partition.
 func TestEndToEndExactlyOnce(t *testing.T) {
+	// Its own clusters and ledger schemas: it runs beside the other
+	// end-to-end test, after the conformance suite (whose per-case leak
+	// checks need the process to itself).
+	t.Parallel()
 	for _, mode := range []e2etest.Mode{e2etest.Single, e2etest.Batch} {
 		t.Run(string(mode), func(t *testing.T) { testEndToEnd(t, mode) })
 	}
