@@ -4,16 +4,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/chaos/internal/crashplan"
 )
 
 // Environment of a worker process (the harness re-executes its own binary).
 const (
 	EnvRole   = "IDEM_CHAOS_ROLE"   // consumer, relay or store
 	EnvSpec   = "IDEM_CHAOS_SPEC"   // the worker's Spec, JSON
-	EnvCrash  = "IDEM_CHAOS_CRASH"  // named crash points: point@n[,point@n]: SIGKILL self the n-th time point is reached
+	EnvCrash  = crashplan.Env       // named crash points: point@n[,point@n]: SIGKILL self the n-th time point is reached
 	EnvClock  = "IDEM_CHAOS_CLOCK"  // initial offset of the consumer's clock (a Go duration), see Spec
 	EnvListen = "IDEM_CHAOS_LISTEN" // store role: host:port to serve on
 )
@@ -27,23 +27,14 @@ const (
 
 // Named crash points (EnvCrash).
 const (
-	AfterClaim    = "after-claim"    // consumer: the guard claimed the key; the handler has not started the effect
-	AfterEffect   = "after-effect"   // consumer: the effect is written, the claim not completed (tx mode: inside the transaction, before CompleteTx and COMMIT)
-	AfterComplete = "after-complete" // consumer: the claim is completed, the broker not acked
-	AfterPublish  = "after-publish"  // relay: the broker accepted the batch, the outbox rows are not marked sent
+	AfterClaim    = crashplan.AfterClaim    // consumer: the guard claimed the key; the handler has not started the effect
+	AfterEffect   = crashplan.AfterEffect   // consumer: the effect is written, the claim not completed (tx mode: inside the transaction, before CompleteTx and COMMIT)
+	AfterComplete = crashplan.AfterComplete // consumer: the claim is completed, the broker not acked
+	AfterPublish  = crashplan.AfterPublish  // relay: the broker accepted the batch, the outbox rows are not marked sent
 )
 
-var crashCodes = map[string]int64{AfterClaim: 1, AfterEffect: 2, AfterComplete: 3, AfterPublish: 4}
-
 // CrashPointName is the name of a crash point code (shm.CrashPoint).
-func CrashPointName(code int64) string {
-	for n, c := range crashCodes {
-		if c == code {
-			return n
-		}
-	}
-	return ""
-}
+func CrashPointName(code int64) string { return crashplan.Name(code) }
 
 // Effect modes.
 const (
@@ -182,21 +173,4 @@ func readSpec() (Spec, error) {
 		return s, fmt.Errorf("chaos worker: %s: %w", EnvSpec, err)
 	}
 	return s, nil
-}
-
-// crashPlan parses EnvCrash: point@n, comma separated.
-func crashPlan(s string) (map[string]int64, error) {
-	out := map[string]int64{}
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part == "" {
-			continue
-		}
-		name, n, ok := strings.Cut(part, "@")
-		v, err := strconv.ParseInt(n, 10, 64)
-		if _, known := crashCodes[name]; !ok || !known || err != nil || v < 1 {
-			return nil, fmt.Errorf("chaos: %s: bad crash point %q (want point@n, n >= 1, point one of after-claim, after-effect, after-complete, after-publish)", EnvCrash, part)
-		}
-		out[name] = v
-	}
-	return out, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/boltstore"
 	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/chaos/internal/crashplan"
 	"github.com/idem-dev/idem/chaos/internal/remotestore"
 	"github.com/idem-dev/idem/chaos/internal/shm"
 	"github.com/idem-dev/idem/consumer"
@@ -119,7 +120,7 @@ type crasher struct {
 }
 
 func newCrasher(ctr *shm.File) (*crasher, error) {
-	plan, err := crashPlan(os.Getenv(EnvCrash))
+	plan, err := crashplan.Parse(os.Getenv(EnvCrash))
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +138,7 @@ func (c *crasher) at(point string) {
 	}
 	c.ctr.Set(shm.CrashHeld, c.ctr.Get(shm.InHandler))
 	c.ctr.Set(shm.CrashUnsettled, c.ctr.Get(shm.Unsettled))
-	c.ctr.Set(shm.CrashPoint, crashCodes[point])
+	c.ctr.Set(shm.CrashPoint, crashplan.Codes[point])
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // never returns: nothing after the crash point runs
 }
