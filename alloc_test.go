@@ -1,13 +1,16 @@
 //go:build !race
 
 // The race detector makes sync.Pool drop items at random and adds
-// allocations of its own: these counts hold without it.
+// allocations of its own: these counts hold without it. The tests stop
+// the GC while they count (a collection empties the pools).
 
 package idem_test
 
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"runtime/debug"
 	"testing"
 
 	"github.com/idem-dev/idem"
@@ -53,6 +56,7 @@ func TestAcquireBatchAllocs(t *testing.T) {
 	}
 	g := newGuard(t, st)
 	items := batchItems(n, "k")
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	allocs := testing.AllocsPerRun(50, func() {
 		acqs, err := g.AcquireBatch(ctx, items)
 		if err != nil || len(acqs) != n || acqs[0].Held != nil || !acqs[0].Result.Replayed {
@@ -85,6 +89,7 @@ func TestCompleteBatchAllocs(t *testing.T) {
 		batches = append(batches, hs)
 	}
 	next := 0
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	allocs := testing.AllocsPerRun(runs, func() {
 		hs := batches[next]
 		next++
@@ -96,5 +101,53 @@ func TestCompleteBatchAllocs(t *testing.T) {
 	})
 	if allocs > 1 {
 		t.Errorf("CompleteBatch of %d claims: %.0f allocations, want 1 (the errors)", n, allocs)
+	}
+}
+
+// intoStore is a BatchClaimerInto answering "completed" into the caller's
+// results; its ClaimBatch must not be used.
+type intoStore struct {
+	idem.Store
+	outs map[*idem.BatchResult]bool // the results slices it was given
+}
+
+func (s *intoStore) ClaimBatch(context.Context, []idem.ClaimRequest) ([]idem.BatchResult, error) {
+	panic("ClaimBatch called on a BatchClaimerInto")
+}
+
+func (s *intoStore) ClaimBatchInto(_ context.Context, reqs []idem.ClaimRequest, out []idem.BatchResult) error {
+	if len(out) != len(reqs) {
+		return fmt.Errorf("%w: %d results for %d claims", idem.ErrInvalidArgument, len(out), len(reqs))
+	}
+	s.outs[&out[0]] = true
+	for i := range out {
+		if !reflect.ValueOf(out[i]).IsZero() {
+			return fmt.Errorf("result %d not zero: %+v", i, out[i])
+		}
+		out[i].Claim = idem.Claim{Outcome: idem.OutcomeCompleted, Record: idem.Record{State: idem.StateCompleted, Token: 1, Attempts: 1}}
+	}
+	return nil
+}
+
+// On a BatchClaimerInto the guard lends the store one results slice,
+// zeroed, from batch to batch: AcquireBatch still allocates only what it
+// returns.
+func TestAcquireBatchIntoAllocs(t *testing.T) {
+	const n = 256
+	st := &intoStore{Store: newMem(t), outs: map[*idem.BatchResult]bool{}}
+	g := newGuard(t, st)
+	items := batchItems(n, "k")
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	allocs := testing.AllocsPerRun(50, func() {
+		acqs, err := g.AcquireBatch(ctx, items)
+		if err != nil || len(acqs) != n || acqs[n-1].Held != nil || !acqs[n-1].Result.Replayed {
+			t.Fatalf("AcquireBatch: %v (%d results)", err, len(acqs))
+		}
+	})
+	if allocs > 1 {
+		t.Errorf("AcquireBatch of %d replayed keys: %.0f allocations, want 1 (the results)", n, allocs)
+	}
+	if len(st.outs) != 1 {
+		t.Errorf("the store was lent %d results slices in 51 batches, want 1", len(st.outs))
 	}
 }

@@ -33,6 +33,7 @@ type Result struct {
 type Guard struct {
 	store   Store
 	batch   BatchClaimer
+	into    BatchClaimerInto // set when batch is one too
 	cfg     guardConfig
 	hooks   hookSet
 	log     *slog.Logger
@@ -71,6 +72,9 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	}
 	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks, cfg.logger), log: cfg.logger}
 	g.batch, _ = store.(BatchClaimer)
+	if g.batch != nil {
+		g.into, _ = store.(BatchClaimerInto)
+	}
 	g.bg = &bgCompleter{g: g, budget: cfg.background}
 	g.holding = newHolding()
 	if cfg.heartbeat > 0 {
@@ -250,6 +254,7 @@ type batchScratch struct {
 	reqs []ClaimRequest
 	idx  []int
 	es   []*holdEntry
+	res  []BatchResult // the store's answers, when it is a BatchClaimerInto
 }
 
 var batchScratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
@@ -260,7 +265,8 @@ func getBatchScratch() *batchScratch { return batchScratchPool.Get().(*batchScra
 func (sc *batchScratch) put() {
 	clear(sc.reqs)
 	clear(sc.es)
-	sc.reqs, sc.idx, sc.es = sc.reqs[:0], sc.idx[:0], sc.es[:0]
+	clear(sc.res)
+	sc.reqs, sc.idx, sc.es, sc.res = sc.reqs[:0], sc.idx[:0], sc.es[:0], sc.res[:0]
 	batchScratchPool.Put(sc)
 }
 
@@ -274,7 +280,14 @@ func (g *Guard) batchRequest(it BatchItem) ClaimRequest {
 func (g *Guard) claimBatch(ctx context.Context, sc *batchScratch, out []Acquisition) error {
 	reqs, es := sc.reqs, sc.es
 	start := g.cfg.clock.Now()
-	res, err := g.batch.ClaimBatch(ctx, reqs)
+	var res []BatchResult
+	var err error
+	if g.into != nil {
+		sc.res = slices.Grow(sc.res[:0], len(reqs))[:len(reqs)]
+		res, err = sc.res, g.into.ClaimBatchInto(ctx, reqs, sc.res)
+	} else {
+		res, err = g.batch.ClaimBatch(ctx, reqs)
+	}
 	if err == nil && len(res) != len(reqs) {
 		// The store said something inconsistent: which answer belongs to
 		// which key is unknown, so none is trusted.

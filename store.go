@@ -187,6 +187,19 @@ type BatchClaimer interface {
 	ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]BatchResult, error)
 }
 
+// BatchClaimerInto is an optional capability of a BatchClaimer: ClaimBatch
+// writing its results into out, which the caller provides with
+// len(out) == len(reqs) (a store answers ErrInvalidArgument otherwise),
+// instead of a slice the store makes. A batch consumer claims thousands of
+// keys per batch, and a BatchResult is over 200 bytes: the guard reuses
+// one out from batch to batch. Results, and what a returned error means,
+// are ClaimBatch's; after an error out holds nothing of use. Neither
+// slice is kept once the call returns. A wrapper that changes a store's
+// ClaimBatch must change or hide this method too: the guard prefers it.
+type BatchClaimerInto interface {
+	ClaimBatchInto(ctx context.Context, reqs []ClaimRequest, out []BatchResult) error
+}
+
 // Completion is one entry of CompleteBatch.
 type Completion struct {
 	Key    []byte

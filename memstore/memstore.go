@@ -399,14 +399,26 @@ func (s *Store) Claim(ctx context.Context, req idem.ClaimRequest) (idem.Claim, e
 // atomically; the batch as a whole is not one transaction (nor need it be:
 // each key's outcome is what a sequential claim would give).
 func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]idem.BatchResult, error) {
-	now, err := s.begin(ctx)
-	if err != nil {
+	out := make([]idem.BatchResult, len(reqs))
+	if err := s.ClaimBatchInto(ctx, reqs, out); err != nil {
 		return nil, err
 	}
-	out := make([]idem.BatchResult, len(reqs))
+	return out, nil
+}
+
+// ClaimBatchInto implements idem.BatchClaimerInto: ClaimBatch, the
+// results written into out.
+func (s *Store) ClaimBatchInto(ctx context.Context, reqs []idem.ClaimRequest, out []idem.BatchResult) error {
+	if len(out) != len(reqs) {
+		return fmt.Errorf("%w: memstore: %d results for %d claims", idem.ErrInvalidArgument, len(out), len(reqs))
+	}
+	now, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
 	for i := range reqs {
 		if err := idem.ValidateClaim(reqs[i]); err != nil {
-			out[i].Err = err
+			out[i] = idem.BatchResult{Err: err}
 			continue
 		}
 		sh := s.shard(reqs[i].Key)
@@ -414,7 +426,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []idem.ClaimRequest) ([]ide
 		out[i].Claim, out[i].Err = sh.claim(&reqs[i], now)
 		sh.mu.Unlock()
 	}
-	return out, nil
+	return nil
 }
 
 // settle runs fn on the live entry held by token.
@@ -745,13 +757,14 @@ func (s *Store) Close() error {
 func (s *Store) ClassifyError(err error) error { return idem.ClassifyError(err) }
 
 var (
-	_ idem.ErrorClassifier = (*Store)(nil)
-	_ idem.Store           = (*Store)(nil)
-	_ idem.BatchClaimer    = (*Store)(nil)
-	_ idem.BatchCompleter  = (*Store)(nil)
-	_ idem.BatchExtender   = (*Store)(nil)
-	_ idem.Purger          = (*Store)(nil)
-	_ idem.Lister          = (*Store)(nil)
-	_ idem.Stater          = (*Store)(nil)
-	_ idem.Pinger          = (*Store)(nil)
+	_ idem.ErrorClassifier  = (*Store)(nil)
+	_ idem.Store            = (*Store)(nil)
+	_ idem.BatchClaimer     = (*Store)(nil)
+	_ idem.BatchClaimerInto = (*Store)(nil)
+	_ idem.BatchCompleter   = (*Store)(nil)
+	_ idem.BatchExtender    = (*Store)(nil)
+	_ idem.Purger           = (*Store)(nil)
+	_ idem.Lister           = (*Store)(nil)
+	_ idem.Stater           = (*Store)(nil)
+	_ idem.Pinger           = (*Store)(nil)
 )

@@ -261,3 +261,25 @@ func TestFingerprintLengths(t *testing.T) {
 		}
 	}
 }
+
+// ClaimBatchInto answers as ClaimBatch, into the caller's slice, which
+// must have one entry per claim.
+func TestClaimBatchInto(t *testing.T) {
+	s, _ := memstore.New(memstore.Config{})
+	defer s.Close()
+	reqs := []idem.ClaimRequest{req("a"), req("b"), req("a"), {Key: nil, Lease: time.Minute, TTL: time.Hour}}
+	out := make([]idem.BatchResult, len(reqs))
+	for i := range out {
+		out[i].Claim.Outcome = idem.OutcomeFailed // stale: every entry is written
+	}
+	if err := s.ClaimBatchInto(ctx, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Claim.Outcome != idem.OutcomeAcquired || out[1].Claim.Outcome != idem.OutcomeAcquired ||
+		out[2].Claim.Outcome != idem.OutcomeInProgress || !errors.Is(out[3].Err, idem.ErrInvalidKey) || out[3].Claim.Outcome != 0 {
+		t.Fatalf("results: %+v", out)
+	}
+	if err := s.ClaimBatchInto(ctx, reqs, out[:3]); !errors.Is(err, idem.ErrInvalidArgument) {
+		t.Fatalf("3 results for 4 claims: %v, want ErrInvalidArgument", err)
+	}
+}
