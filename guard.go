@@ -214,18 +214,36 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 	if g.closed.Load() {
 		return nil, errGuardClosed
 	}
+	out := make([]Acquisition, len(items))
+	if err := g.AcquireBatchInto(ctx, items, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// AcquireBatchInto is AcquireBatch writing its results into out, which
+// the caller provides with len(out) == len(items) (ErrInvalidArgument
+// otherwise), for a caller that claims batch after batch and reuses one
+// slice (consumer does). Every entry of out is written; after an error
+// out holds nothing of use and, as for AcquireBatch, nothing may be
+// acked.
+func (g *Guard) AcquireBatchInto(ctx context.Context, items []BatchItem, out []Acquisition) error {
+	if len(out) != len(items) {
+		return fmt.Errorf("%w: AcquireBatchInto: %d results for %d items", ErrInvalidArgument, len(out), len(items))
+	}
+	if g.closed.Load() {
+		return errGuardClosed
+	}
 	if g.batch == nil {
-		out := make([]Acquisition, len(items))
 		for i, it := range items {
 			h, r, err := g.Acquire(ctx, it.Key, WithFingerprint(it.Fingerprint))
 			out[i] = Acquisition{Held: h, Result: r, Err: err}
 		}
-		return out, nil
+		return nil
 	}
 	// Keys this guard claims or holds already (a key twice in items: its
 	// first entry) are in progress (see holding); the rest go to the
 	// store.
-	out := make([]Acquisition, len(items))
 	sc := getBatchScratch()
 	defer sc.put()
 	start := g.cfg.clock.Now()
@@ -238,12 +256,9 @@ func (g *Guard) AcquireBatch(ctx context.Context, items []BatchItem) ([]Acquisit
 		sc.reqs, sc.idx, sc.es = append(sc.reqs, g.batchRequest(it)), append(sc.idx, i), append(sc.es, e)
 	}
 	if len(sc.reqs) == 0 {
-		return out, nil
+		return nil
 	}
-	if err := g.claimBatch(ctx, sc, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return g.claimBatch(ctx, sc, out)
 }
 
 // batchScratch is AcquireBatch's working lists, reused from batch to

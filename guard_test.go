@@ -387,6 +387,57 @@ func TestAcquireBatch(t *testing.T) {
 	}
 }
 
+// AcquireBatchInto answers as AcquireBatch into the caller's slice: every
+// entry written (stale ones from an earlier batch replaced), one entry
+// per item, and nothing once the guard is closed.
+func TestAcquireBatchInto(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wrap func(idem.Store) idem.Store
+	}{
+		{"batch store", func(s idem.Store) idem.Store { return s }},
+		{"one by one", func(s idem.Store) idem.Store { return noBatch{s} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGuard(t, tc.wrap(newMem(t)))
+			g.Do(ctx, []byte("done"), func(context.Context) ([]byte, error) { return []byte("r"), nil })
+			items := []idem.BatchItem{{Key: []byte("a")}, {Key: []byte("done")}, {Key: []byte("a")}}
+			stale, _, err := g.Acquire(ctx, []byte("stale"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := make([]idem.Acquisition, len(items))
+			for i := range out {
+				out[i] = idem.Acquisition{Held: stale, Result: idem.Result{Value: []byte("old"), Replayed: true}, Err: errors.New("old")}
+			}
+			if err := g.AcquireBatchInto(ctx, items, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Held == nil || out[0].Held == stale || out[0].Err != nil || out[0].Result.Replayed {
+				t.Fatalf("new key: %+v", out[0])
+			}
+			if out[1].Held != nil || out[1].Err != nil || !out[1].Result.Replayed || string(out[1].Result.Value) != "r" {
+				t.Fatalf("completed key: %+v", out[1])
+			}
+			if out[2].Held != nil || !errors.Is(out[2].Err, idem.ErrInProgress) || out[2].Result.Replayed {
+				t.Fatalf("same key again: %+v", out[2])
+			}
+			if err := g.AcquireBatchInto(ctx, items, out[:2]); !errors.Is(err, idem.ErrInvalidArgument) {
+				t.Fatalf("2 results for 3 items: %v, want ErrInvalidArgument", err)
+			}
+			for _, h := range []*idem.Held{out[0].Held, stale} {
+				if err := h.Complete(ctx, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g.Close()
+			if err := g.AcquireBatchInto(ctx, items, out); !errors.Is(err, idem.ErrClosed) {
+				t.Fatalf("closed guard: %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
 func TestGuardOptions(t *testing.T) {
 	s := newMem(t)
 	for _, tc := range []struct {

@@ -92,11 +92,12 @@ func dedupe(batch []*delivery, hash func([]byte) uint64) (claims, later, noKey [
 
 // Scratch of a batch, reused from batch to batch (a map and a slice of a
 // thousand entries each, made and dropped every batch, were 5% of the
-// batch path's allocation): dedupe's map and claimAndRun's claim list,
-// which Guard.AcquireBatch does not keep.
+// batch path's allocation): dedupe's map, claimAndRun's claim list, which
+// Guard.AcquireBatchInto does not keep, and the acquisitions it writes.
 var (
 	firstPool = sync.Pool{New: func() any { return make(map[uint64]*delivery) }}
 	itemsPool = sync.Pool{New: func() any { return new([]idem.BatchItem) }}
+	acqsPool  = sync.Pool{New: func() any { return new([]idem.Acquisition) }}
 )
 
 // claimAndRun claims claims (deliveries with distinct keys, followers
@@ -107,14 +108,16 @@ func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold 
 	for _, d := range claims {
 		items = append(items, idem.BatchItem{Key: d.key, Fingerprint: d.fp})
 	}
-	acqs, err := c.cfg.Guard.AcquireBatch(ctx, items)
+	// The acquisitions are read once, below, and go back to the pool
+	// (cleared: it keeps no claim alive) before the handler runs.
+	ap := acqsPool.Get().(*[]idem.Acquisition)
+	acqs := slices.Grow((*ap)[:0], len(claims))[:len(claims)]
+	err := c.cfg.Guard.AcquireBatchInto(ctx, items, acqs)
 	clear(items) // the pool keeps no message's key alive
 	*ip = items[:0]
 	itemsPool.Put(ip)
-	if err == nil && len(acqs) != len(claims) {
-		err = fmt.Errorf("%w: %d acquisitions for %d claims", idem.ErrUnknownOutcome, len(acqs), len(claims))
-	}
 	if err != nil {
+		putAcqs(ap, acqs)
 		// Fail closed, and keep the messages: a nak would spend one of
 		// the broker's deliveries of each.
 		c.storeDown()
@@ -146,6 +149,7 @@ func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold 
 			fresh = append(fresh, pending{d: d, held: a.Held, attempts: a.Result.Attempts})
 		}
 	}
+	putAcqs(ap, acqs)
 	if len(fresh) == 0 {
 		return hs
 	}
@@ -170,6 +174,13 @@ func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold 
 		hs = append(hs, c.runGroup(ctx, groups[g])...)
 	}
 	return hs
+}
+
+// putAcqs returns claimAndRun's acquisitions to their pool, cleared.
+func putAcqs(ap *[]idem.Acquisition, acqs []idem.Acquisition) {
+	clear(acqs)
+	*ap = acqs[:0]
+	acqsPool.Put(ap)
 }
 
 // groupOf is Batch.GroupBy(m), with a panic turned into an error.
