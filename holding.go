@@ -66,8 +66,10 @@ func newHolding() *holding {
 
 func (s *holding) shard(key []byte) (*holdShard, uint64) {
 	hash := maphash.Bytes(s.seed, key)
-	return &s.shards[hash%uint64(len(s.shards))], hash
+	return s.shardOf(hash), hash
 }
+
+func (s *holding) shardOf(hash uint64) *holdShard { return &s.shards[hash%uint64(len(s.shards))] }
 
 // insert chains a new entry for key in sh; sh.mu is held.
 func (s *holding) insert(sh *holdShard, hash uint64, key []byte) *holdEntry {
@@ -120,9 +122,11 @@ func (s *holding) claim(key, fp []byte) (e *holdEntry, busy bool, cur holder) {
 	return e, false, holder{}
 }
 
-// acquired makes claim entry e h's: h is held from now on.
+// acquired makes claim entry e h's: h is held from now on. (e is the
+// caller's claim entry: its hash is read without the lock, set when the
+// caller's claim made it.)
 func (s *holding) acquired(e *holdEntry, h *Held) {
-	sh, _ := s.shard(h.key)
+	sh := s.shardOf(e.hash)
 	sh.mu.Lock()
 	e.h, h.hold = h, e
 	sh.mu.Unlock()
@@ -131,7 +135,7 @@ func (s *holding) acquired(e *holdEntry, h *Held) {
 // drop ends claim entry e: the claim was not acquired, or is not kept in
 // the set (heartbeat off).
 func (s *holding) drop(e *holdEntry) {
-	sh, _ := s.shard(e.key)
+	sh := s.shardOf(e.hash)
 	sh.mu.Lock()
 	s.release(sh, e)
 	sh.mu.Unlock()
