@@ -51,6 +51,7 @@ func TestEndToEndFaults(t *testing.T) {
 	if _, _, child := e2etest.ChildParams(); child {
 		t.Skip("child process")
 	}
+	t.Parallel() // its own streams, ledger schema and child process
 	n := faultMessages(t)
 	stream := newStream(t, nil)
 	dlq := newStream(t, nil)

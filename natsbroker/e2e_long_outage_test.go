@@ -85,6 +85,7 @@ func TestEndToEndLongOutage(t *testing.T) {
 	if _, _, child := e2etest.ChildParams(); child {
 		t.Skip("child process")
 	}
+	t.Parallel() // its own streams, ledger schema, Redis prefix and child process
 	n := faultMessages(t)
 	apply := n / 4
 	stream := newStream(t, nil)

@@ -46,6 +46,10 @@ func publishWithDuplicates(t testing.TB, stream string, n int, dupFrac float64) 
 // PostgreSQL), each effect a row appended to a PostgreSQL ledger with no
 // unique constraint. Every message must be in the ledger exactly once.
 func TestEndToEndExactlyOnce(t *testing.T) {
+	// Its own streams, ledger schemas and stores: it runs beside the
+	// other end-to-end tests (its runs one after another: each ledger's
+	// pool takes up to 16 of the shared PostgreSQL's 100 connections).
+	t.Parallel()
 	for _, backend := range []string{"memstore", "pgstore"} {
 		modes := []string{"single", "batch"}
 		if backend == "pgstore" {
