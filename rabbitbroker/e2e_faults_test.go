@@ -42,6 +42,7 @@ func TestEndToEndFaults(t *testing.T) {
 	if _, _, child := e2etest.ChildParams(); child {
 		t.Skip("child process")
 	}
+	t.Parallel() // its own exchange, queues, ledger schema and child process
 	n := messages(t, 1000, 4000)
 	outageFor, lease := 10*time.Second, 20*time.Second
 	if longRuns() {

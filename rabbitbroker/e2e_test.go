@@ -56,6 +56,10 @@ func publishWithDuplicates(t testing.TB, x topo, n int, dupFrac float64) {
 // is TestServerClosesConnection; a consumer killed with SIGKILL,
 // TestEndToEndFaults.)
 func TestEndToEndExactlyOnce(t *testing.T) {
+	// Its own exchanges, queues and ledger schemas: it runs beside the
+	// other end-to-end test, after the sequential tests (the conformance
+	// suite's per-case leak checks need the process to themselves).
+	t.Parallel()
 	for _, tc := range []struct {
 		backend string
 		mode    e2etest.Mode
