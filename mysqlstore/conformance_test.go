@@ -117,6 +117,8 @@ func TestConformance(t *testing.T) {
 	for name, r := range runs {
 		cfg := r.cfg
 		t.Run(name, func(t *testing.T) {
+			// Side by side: each run has a database of its own.
+			t.Parallel()
 			_, db := newDB(t)
 			cfg.DB = db
 			cfg.Table = "idem_conf"

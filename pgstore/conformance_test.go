@@ -25,9 +25,13 @@ import (
 // A damaged record is a state out of range written with SQL: every column
 // has a SQL type, so nothing else can be undecodable short of a broken
 // disk page, which PostgreSQL reports as an error of the statement.
+//
+// The layouts run side by side: each has schemas of its own (one per
+// case), and they share only the test binary's pool (24 connections).
 func TestConformance(t *testing.T) {
 	for _, lc := range layouts {
 		t.Run(lc.name, func(t *testing.T) {
+			t.Parallel()
 			var mu sync.Mutex
 			cfgs := map[testing.TB]pgstore.Config{}
 			nss := map[idem.Store]string{}
