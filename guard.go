@@ -186,7 +186,7 @@ func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*H
 		return a.Held, a.Result, a.Err
 	}
 	c, err := g.store.Claim(ctx, req)
-	a := g.claimed(ctx, req, c, err, start, e)
+	a := g.claimed(ctx, req, c, err, start, e, true)
 	return a.Held, a.Result, a.Err
 }
 
@@ -322,7 +322,7 @@ func (g *Guard) claimBatch(ctx context.Context, sc *batchScratch, out []Acquisit
 		return fmt.Errorf("idem: batch claim of %d keys: %w", len(reqs), err)
 	}
 	for j, i := range sc.idx {
-		out[i] = g.claimed(ctx, reqs[j], res[j].Claim, res[j].Err, start, es[j])
+		out[i] = g.claimed(ctx, reqs[j], res[j].Claim, res[j].Err, start, es[j], false)
 	}
 	return nil
 }
@@ -354,8 +354,10 @@ func (g *Guard) openPass(ctx context.Context, key []byte, err error) Acquisition
 
 // claimed turns a store claim into an Acquisition; e is the claim's entry
 // in the holding set, which an acquired claim takes over (heartbeat on)
-// and which is dropped otherwise.
-func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err error, start time.Time, e *holdEntry) Acquisition {
+// and which is dropped otherwise. alone: a claim of its own (Acquire),
+// whose Held comes with its first settle round's context (heldAlone); a
+// batch's claims settle together and make one per round.
+func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err error, start time.Time, e *holdEntry, alone bool) Acquisition {
 	kept := false
 	defer func() {
 		if !kept {
@@ -384,8 +386,16 @@ func (g *Guard) claimed(ctx context.Context, req ClaimRequest, c Claim, err erro
 	default:
 		return Acquisition{Err: fmt.Errorf("%w: store returned outcome %d", ErrUnknownOutcome, c.Outcome)}
 	}
-	h := &Held{g: g, key: req.Key, token: rec.Token, attempts: rec.Attempts, lease: req.Lease,
-		leaseUntil: start.Add(req.Lease), interval: g.beatInterval(req.Lease)}
+	var h *Held
+	if alone {
+		ha := new(heldAlone)
+		h = &ha.Held
+		h.rc = &ha.rctx
+	} else {
+		h = new(Held)
+	}
+	h.g, h.key, h.token, h.attempts, h.lease = g, req.Key, rec.Token, rec.Attempts, req.Lease
+	h.leaseUntil, h.interval = start.Add(req.Lease), g.beatInterval(req.Lease)
 	if g.hooks.timed() {
 		h.start = start
 	}
@@ -448,8 +458,18 @@ type Held struct {
 	watch      lostReg       // AfterLost registrations, guarded by mu
 	cctx       context.Context
 	cancel     context.CancelCauseFunc
-	hctx       heldCtx // the handler's context, inside Held to save an allocation
+	hparent    context.Context // the parent of the handler's context (heldCtx), set by run
+	rc         *deadlineCtx    // the first settle round's context, when made with the Held (heldAlone)
 	op         settleOp
+}
+
+// heldAlone is the Held of a claim of its own (Acquire, Do) with the
+// context of its first settle round, which Complete would otherwise
+// allocate: one object. A batch's claims are plain Helds (80 bytes
+// fewer each): their settle makes one context per round for all.
+type heldAlone struct {
+	Held
+	rctx deadlineCtx
 }
 
 // Key returns the held key.
@@ -548,24 +568,24 @@ func (h *Held) stopHeartbeat() {
 
 type heldKey struct{}
 
-// heldCtx is the handler's context. The cancellable context behind it is
-// made only when the handler asks for Done, Err or a cause: most handlers
-// hand ctx to a driver that does, but a pure in-memory effect pays nothing.
-type heldCtx struct {
-	parent context.Context
-	h      *Held
-}
+// heldCtx is the handler's context: the Held itself seen as a context
+// (no allocation, no field of its own: its parent is Held.hparent). The
+// cancellable context behind it is made only when the handler asks for
+// Done, Err or a cause: most handlers hand ctx to a driver that does, but
+// a pure in-memory effect pays nothing.
+type heldCtx Held
 
-func (c *heldCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
-func (c *heldCtx) Done() <-chan struct{}       { return c.h.cancelCtx(c.parent).Done() }
-func (c *heldCtx) Err() error                  { return c.h.cancelCtx(c.parent).Err() }
+func (c *heldCtx) held() *Held                 { return (*Held)(c) }
+func (c *heldCtx) Deadline() (time.Time, bool) { return c.hparent.Deadline() }
+func (c *heldCtx) Done() <-chan struct{}       { return c.held().cancelCtx(c.hparent).Done() }
+func (c *heldCtx) Err() error                  { return c.held().cancelCtx(c.hparent).Err() }
 
 func (c *heldCtx) Value(k any) any {
 	if k == (heldKey{}) {
-		return c.h
+		return c.held()
 	}
 	// context.Cause finds the cancel cause through Value.
-	return c.h.cancelCtx(c.parent).Value(k)
+	return c.held().cancelCtx(c.hparent).Value(k)
 }
 
 // cancelCtx returns the context that is cancelled when the claim is lost,
@@ -621,8 +641,8 @@ func (h *Held) run(ctx context.Context, fn Func) (val []byte, err error) {
 			val, err = nil, fmt.Errorf("%w: %v", ErrPanicked, r)
 		}
 	}()
-	h.hctx = heldCtx{parent: ctx, h: h}
-	return fn(&h.hctx)
+	h.hparent = ctx
+	return fn((*heldCtx)(h))
 }
 
 // Complete records the effect as done with result. The heartbeat keeps the

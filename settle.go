@@ -21,20 +21,21 @@ import (
 // (WithBackgroundRetry).
 
 // settleOp is one held claim being settled.
+//
+// It lives inside its Held (one allocation per claim), so its fields are
+// laid out to waste no padding: a batch consumer makes a Held per message.
 type settleOp struct {
 	h        *Held
-	action   SettleAction
 	result   []byte
 	cause    string
-	tooLarge int // > 0: a Complete turned into a Fail: the result had this many bytes
+	tooLarge int   // > 0: a Complete turned into a Fail: the result had this many bytes
+	err      error // the store's latest answer; nil once recorded
+	start    time.Time
 
-	err     error // the store's latest answer; nil once recorded
-	tries   int
+	tries   int32
+	action  SettleAction
 	unknown bool // err may have been applied: read the record before retrying
 	done    bool // recorded, or refused for good
-	start   time.Time
-
-	rctx deadlineCtx // settleNow's first round context when this op comes first (saves an allocation)
 }
 
 // newOp readies the Held's own settleOp (a Held settles once; keeping the
@@ -149,7 +150,7 @@ func (g *Guard) settleNow(ctx context.Context, ops []*settleOp, bc BatchComplete
 			// A retry needs at least floor before the window ends, so that
 			// no call runs past it; a first try is always made (a lapsed
 			// lease may still be completed if nobody took over).
-			if op.tries > 0 && (e.Sub(now) < floor || g.cfg.completeRetries > 0 && op.tries > g.cfg.completeRetries) {
+			if op.tries > 0 && (e.Sub(now) < floor || g.cfg.completeRetries > 0 && int(op.tries) > g.cfg.completeRetries) {
 				continue // out of time: unrecorded
 			}
 			if end.IsZero() || e.Before(end) {
@@ -413,7 +414,7 @@ func (g *Guard) unrecorded(ctx context.Context, op *settleOp, phase UnrecordedPh
 		return
 	}
 	e := UnrecordedEvent{Key: op.h.key, Token: op.h.token, Action: op.action, Phase: phase, Err: op.err,
-		Tries: op.tries, Window: op.h.leaseEnd().Sub(g.cfg.clock.Now())}
+		Tries: int(op.tries), Window: op.h.leaseEnd().Sub(g.cfg.clock.Now())}
 	g.hooks.onUnrecorded(ctx, e)
 }
 
@@ -436,12 +437,13 @@ type deadlineCtx struct {
 	released bool
 }
 
-// roundCtx is the context of settle round n of this op: the op's own for
-// its first round (the hot path allocates nothing), a new one for any
-// later round.
+// roundCtx is the context of settle round n of ops whose first is op: for
+// the first round of a single claim, the one made with its Held (see
+// heldAlone: Complete allocates nothing); otherwise a new one (a batch
+// settle makes one per round, not one per claim).
 func (op *settleOp) roundCtx(n int, parent context.Context, deadline time.Time) *deadlineCtx {
-	c := &op.rctx
-	if n > 0 || c.parent != nil {
+	c := op.h.rc
+	if c == nil || n > 0 || c.parent != nil {
 		c = new(deadlineCtx)
 	}
 	c.parent, c.deadline = parent, deadline

@@ -14,8 +14,18 @@ import (
 // after Done had closed and the driver panicked ("sync/atomic: store of nil
 // value into Value"; chaos store-restart/mysql/kafka, a consumer died).
 func TestSettleRoundContextStaysDone(t *testing.T) {
+	// A single claim's Held carries its first round's context; a batch
+	// claim's does not.
+	alone := new(heldAlone)
+	alone.rc = &alone.rctx
+	for _, h := range []*Held{&alone.Held, new(Held)} {
+		h.op.h = h
+		roundContextsStayDone(t, &h.op)
+	}
+}
+
+func roundContextsStayDone(t *testing.T, op *settleOp) {
 	parent := context.Background()
-	var op settleOp
 	var c *deadlineCtx
 	for round := range 3 {
 		c = op.roundCtx(round, parent, time.Now().Add(time.Hour))
