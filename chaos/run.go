@@ -28,6 +28,12 @@ type Cell struct {
 	Broker   string `json:"broker"`
 }
 
+// NeedsNetNS reports whether the cell's scenario cuts the workers'
+// network off (partition, and mixed, which includes it): a run with such a
+// cell puts its workers in a network namespace, one per process, so two
+// such runs cannot go on in one process at the same time.
+func (c Cell) NeedsNetNS() bool { return c.Scenario == "partition" || c.Scenario == "mixed" }
+
 // Config is a run.
 type Config struct {
 	// Cells to run, in order. Empty: every scenario of Scenarios on every
@@ -179,9 +185,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	r.logf("seed %d, dir %s, %d cells", cfg.Seed, dir, len(cfg.Cells))
 	needNS := false
 	for _, cl := range cfg.Cells {
-		if cl.Scenario == "partition" || cl.Scenario == "mixed" {
-			needNS = true
-		}
+		needNS = needNS || cl.NeedsNetNS()
 	}
 	useNS := needNS && !cfg.NoNetNS
 	if useNS {
