@@ -57,6 +57,14 @@ func corruptRecord(t testing.TB, st idem.Store, key []byte) {
 	}
 }
 
-func TestConformance(t *testing.T) { conformance(t, FsyncGroup) }
+// The two suites run side by side (each has a file of its own), after the
+// sequential tests: one mostly waits for fsync.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	conformance(t, FsyncGroup)
+}
 
-func TestConformanceFsyncAlways(t *testing.T) { conformance(t, FsyncAlways) }
+func TestConformanceFsyncAlways(t *testing.T) {
+	t.Parallel()
+	conformance(t, FsyncAlways)
+}

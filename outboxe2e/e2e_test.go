@@ -60,6 +60,7 @@ func (p *lossyPublisher) Publish(ctx context.Context, msgs ...*broker.Message) e
 // exactly one row per committed order, with that order's payload, and
 // nothing else.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel() // its own ledger schemas, stores and streams or topics
 	for _, br := range []string{"nats", "kafka"} {
 		t.Run(br, func(t *testing.T) { testEndToEnd(t, br) })
 	}

@@ -45,6 +45,7 @@ func stopNATS(s *server.Server) {
 //
 // Nothing is lost: a guarded consumer applies every message exactly once.
 func TestBrokerOutage(t *testing.T) {
+	t.Parallel() // its own NATS servers, ledger schemas and stores
 	for _, tc := range []struct {
 		name        string
 		maxAttempts int
