@@ -97,7 +97,13 @@ func features(client redis.UniversalClient, maintain func(context.Context, idem.
 	}
 }
 
+// TestConformance runs the suite on the shared Redis. The three suites
+// (this one, NoCoalesce and Cluster) run side by side, after the
+// sequential tests (some stop servers of their own): every namespace is
+// fresh (storetest.NewNamespace) and its keys dropped at cleanup, and the
+// cluster suite has its own cluster.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	c := sharedClient(t)
 	storetest.Run(t, factory(c), features(c, nil))
 }
@@ -106,6 +112,7 @@ func TestConformance(t *testing.T) {
 // script (the default, TestConformance, coalesces concurrent claims into
 // batch scripts, which must still behave one by one).
 func TestConformanceNoCoalesce(t *testing.T) {
+	t.Parallel()
 	c := sharedClient(t)
 	storetest.Run(t, factoryCfg(redisstore.Config{Client: c, NoCoalesce: true}), features(c, nil))
 }
@@ -116,6 +123,7 @@ func TestConformanceNoCoalesce(t *testing.T) {
 // every master (the next script call finds NOSCRIPT and sends EVAL: nothing
 // may run twice or fail) and BGREWRITEAOF.
 func TestConformanceCluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
