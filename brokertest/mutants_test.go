@@ -106,7 +106,8 @@ func TestSuiteCatchesMutants(t *testing.T) {
 	results := make(map[string]chan result, len(kinds))
 	slots := make(chan struct{}, 6)
 	for _, kind := range kinds {
-		results[kind] = make(chan result, 1)
+		done := make(chan result, 1)
+		results[kind] = done // written here only: the goroutines use done
 		go func() {
 			slots <- struct{}{}
 			defer func() { <-slots }()
@@ -114,7 +115,7 @@ func TestSuiteCatchesMutants(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.count=1", "-test.v")
 			cmd.Env = append(os.Environ(), mutantEnv+"="+kind)
 			out, err := cmd.CombinedOutput()
-			results[kind] <- result{out, err}
+			done <- result{out, err}
 		}()
 	}
 	for _, kind := range kinds {
