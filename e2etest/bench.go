@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -24,11 +26,49 @@ func CPUTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// RunQueueWait is how long this process's threads have waited so far
+// ready to run, for a core the kernel gave to another thread (the second
+// field of Linux's /proc/self/task/*/schedstat, summed over the threads
+// alive now); 0 where the kernel does not tell. Summed over threads, it
+// can exceed the wall-clock time.
+func RunQueueWait() time.Duration {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread exited
+		}
+		sum += schedstatWait(string(b))
+	}
+	return sum
+}
+
+// schedstatWait is the run-queue wait of one schedstat line ("run wait
+// slices", nanoseconds); 0 if the line is not one.
+func schedstatWait(line string) time.Duration {
+	f := strings.Fields(line)
+	if len(f) < 2 {
+		return 0
+	}
+	ns, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return time.Duration(ns)
+}
+
 // BenchConsume times run, which must consume n messages into l, from a
-// reset timer; it reports msgs/s and cpu-µs/msg (CPU of this process, user
+// reset timer; it reports msgs/s, cpu-µs/msg (CPU of this process, user
 // plus system: less sensitive to the machine's load than wall-clock
-// throughput, and blind to PostgreSQL, another process) and then fails
-// unless the ledger holds exactly n rows. With IDEM_BENCH_CPUPROFILE set
+// throughput, and blind to PostgreSQL, another process) and runq-µs/msg
+// (RunQueueWait per message: how long the process's threads were ready to
+// run but waited for a core; when it is well above cpu-µs/msg, the wall
+// clock measured the machine's other load more than this code) and then
+// fails unless the ledger holds exactly n rows. With IDEM_BENCH_CPUPROFILE set
 // to a file name, it writes the CPU profile of the timed part alone there
 // (-test.cpuprofile also covers publishing and cleanup, which can take more
 // CPU than the consume itself); the last variant run overwrites the others.
@@ -36,13 +76,14 @@ func BenchConsume(b *testing.B, l *Ledger, n int, run func()) {
 	b.Helper()
 	stop := startProfile(b)
 	b.ResetTimer()
-	start, cpu0 := time.Now(), CPUTime()
+	start, cpu0, wait0 := time.Now(), CPUTime(), RunQueueWait()
 	run()
-	elapsed, cpu := time.Since(start), CPUTime()-cpu0
+	elapsed, cpu, wait := time.Since(start), CPUTime()-cpu0, RunQueueWait()-wait0
 	b.StopTimer()
 	stop()
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/msg")
+	b.ReportMetric(float64(wait.Microseconds())/float64(n), "runq-µs/msg")
 	if total, _ := l.Counts(b); total != n {
 		b.Fatalf("ledger has %d rows, want %d", total, n)
 	}
