@@ -100,7 +100,9 @@ func halves(cells []chaos.Cell) (a, b []chaos.Cell) {
 // (PostgreSQL, Redis, NATS, kfake, bolt store servers): a cell restarts or
 // cuts off the servers of its run only. A cell spends most of its time
 // waiting (paced publishing, ack waits, session timeouts, outages), and
-// one after another they took ~290 s of CI's time at load ~15.
+// one after another they took ~290 s of CI's time at load ~15. Each run
+// prints its seed: IDEM_CHAOS_SEED=<seed> go test -run TestShortPass/run2
+// repeats run2's cells with the same faults.
 func TestShortPass(t *testing.T) {
 	exe := workerBinary(t)
 	var seed uint64
