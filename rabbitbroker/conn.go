@@ -261,10 +261,10 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // buffered, so once a batch's confirms are in, every return of the batch
 // has been received.
 type confirmCh struct {
-	mu      sync.Mutex
+	turn    chan struct{} // holds a token while a publish uses the channel
 	ch      *amqp.Channel
 	l       *link
-	returns chan amqp.Return
+	returns chan amqp.Return // closed by amqp091 when the channel shuts down
 }
 
 func newConfirmCh(c *amqp.Connection, l *link, what string) (*confirmCh, error) {
@@ -275,7 +275,7 @@ func newConfirmCh(c *amqp.Connection, l *link, what string) (*confirmCh, error) 
 	if err := ch.Confirm(false); err != nil {
 		return nil, fmt.Errorf("confirm mode: %w", err)
 	}
-	cc := &confirmCh{ch: ch, l: l, returns: ch.NotifyReturn(make(chan amqp.Return, 1024))}
+	cc := &confirmCh{turn: make(chan struct{}, 1), ch: ch, l: l, returns: ch.NotifyReturn(make(chan amqp.Return, 1024))}
 	l.watch(ch, what)
 	return cc, nil
 }
@@ -291,19 +291,38 @@ type outgoing struct {
 // (connection lost, ctx ended while confirms were pending: the channel is
 // then given up, so no late return or confirm is mistaken for a later
 // batch's). ErrUnroutable or a broker nack: those were not stored.
+//
+// Waiting for its turn (another publish is using the channel) ends with
+// ctx, or with ErrUnavailable once the link dies; nothing was sent then.
+// Waiting for confirms ends with ctx, or once the link dies (the channel
+// is given up with it): a dead connection's publishes never wait for a
+// confirm that cannot come, nor for each other.
 func (c *confirmCh) publish(ctx context.Context, msgs []outgoing) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	select {
+	case c.turn <- struct{}{}:
+	case <-c.l.dead:
+		return fmt.Errorf("%w: %w (%w)", idem.ErrUnavailable, ErrNotReady, c.l.reason())
+	case <-ctx.Done():
+		return fmt.Errorf("%w: rabbitbroker: waiting for the channel (nothing sent): %w", idem.ErrUnavailable, ctx.Err())
+	}
+	defer func() { <-c.turn }()
 	if c.l.isDead() {
-		return fmt.Errorf("%w: %w", idem.ErrUnavailable, ErrNotReady)
+		return fmt.Errorf("%w: %w (%w)", idem.ErrUnavailable, ErrNotReady, c.l.reason())
 	}
 	// Anything left from an abandoned batch was given up with its
-	// channel; a live channel has nothing pending here.
+	// channel; a live channel has nothing pending here. A closed returns
+	// channel (the channel shut down) has given up every return it had
+	// received: nil it, so that no receive spins on it.
+	returns := c.returns
 	returned := map[string]bool{}
 	drain := func() {
-		for {
+		for returns != nil {
 			select {
-			case r := <-c.returns:
+			case r, ok := <-returns:
+				if !ok {
+					returns = nil
+					return
+				}
 				returned[r.MessageId] = true
 			default:
 				return
@@ -330,10 +349,24 @@ func (c *confirmCh) publish(ctx context.Context, msgs []outgoing) error {
 	wait:
 		for {
 			select {
-			case r := <-c.returns:
+			case r, ok := <-returns:
+				if !ok {
+					returns = nil
+					continue
+				}
 				returned[r.MessageId] = true
 			case <-dc.Done():
 				break wait
+			case <-c.l.dead:
+				// The connection or a channel on it closed; the
+				// keeper closes the connection. A confirm already
+				// in still counts.
+				select {
+				case <-dc.Done():
+					break wait
+				default:
+				}
+				return fmt.Errorf("%w: rabbitbroker: connection lost before the confirm of %s: %w", idem.ErrUnknownOutcome, msgs[i].pub.MessageId, c.l.reason())
 			case <-ctx.Done():
 				c.l.kill(errors.New("publish abandoned with confirms pending"))
 				return fmt.Errorf("%w: rabbitbroker: confirm of %s: %w", idem.ErrUnknownOutcome, msgs[i].pub.MessageId, ctx.Err())

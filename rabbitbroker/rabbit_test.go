@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -455,14 +455,22 @@ func TestUnreachableAtStart(t *testing.T) {
 
 // tcpProxy forwards TCP connections from a loopback port to target:
 // cutting it closes every connection it carries (a network failure, as
-// both ends see it) while it keeps accepting new ones.
+// both ends see it) while it keeps accepting new ones; blackholing drops
+// what its connections carry instead, closing nothing.
 type tcpProxy struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
-	conns  []net.Conn
+	pairs  []*proxied
 	wg     sync.WaitGroup
 	once   sync.Once
+}
+
+// proxied is one carried connection: client c, upstream u.
+type proxied struct {
+	c, u    net.Conn
+	holed   atomic.Bool  // drop everything both ways
+	dropped atomic.Int64 // bytes from the client dropped
 }
 
 // proxy listens on listen ("127.0.0.1:0" for any port) and forwards to
@@ -485,15 +493,44 @@ func proxy(t testing.TB, listen, target string) *tcpProxy {
 				c.Close()
 				continue
 			}
+			x := &proxied{c: c, u: u}
 			p.mu.Lock()
-			p.conns = append(p.conns, c, u)
+			p.pairs = append(p.pairs, x)
 			p.mu.Unlock()
-			p.wg.Go(func() { io.Copy(u, c); u.Close() })
-			p.wg.Go(func() { io.Copy(c, u); c.Close() })
+			p.wg.Go(func() { x.pipe(u, c, &x.dropped) })
+			p.wg.Go(func() { x.pipe(c, u, nil) })
 		}
 	})
 	t.Cleanup(p.stop)
 	return p
+}
+
+// pipe copies src to dst until either fails or closes, then closes dst;
+// while x is blackholed it reads and drops (counted in dropped if not
+// nil), as a network that loses every packet: neither end hears from
+// the other, and neither sees the other close (until cut).
+func (x *proxied) pipe(dst, src net.Conn, dropped *atomic.Int64) {
+	defer func() {
+		if !x.holed.Load() {
+			dst.Close()
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if x.holed.Load() {
+				if dropped != nil {
+					dropped.Add(int64(n))
+				}
+			} else if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // URL is an AMQP URL through the proxy.
@@ -503,11 +540,35 @@ func (p *tcpProxy) URL() string { return "amqp://guest:guest@" + p.ln.Addr().Str
 func (p *tcpProxy) cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
+	for _, x := range p.pairs {
+		x.c.Close()
+		x.u.Close()
 	}
-	n := len(p.conns) / 2
-	p.conns = nil
+	n := len(p.pairs)
+	p.pairs = nil
+	return n
+}
+
+// blackhole makes every connection carried so far drop what it carries
+// from now on (connections accepted later are not affected) and returns
+// how many.
+func (p *tcpProxy) blackhole() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, x := range p.pairs {
+		x.holed.Store(true)
+	}
+	return len(p.pairs)
+}
+
+// dropped is how many bytes from clients blackholed connections dropped.
+func (p *tcpProxy) dropped() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, x := range p.pairs {
+		n += x.dropped.Load()
+	}
 	return n
 }
 

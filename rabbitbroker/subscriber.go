@@ -495,7 +495,10 @@ func (a *acker) settle(ctx context.Context, f func() error) error {
 	}
 	if err := f(); err != nil {
 		a.settled.Store(false)
-		if a.g.l.isDead() || errors.Is(err, amqp.ErrClosed) {
+		switch {
+		case errors.Is(err, ErrDeliveryLost):
+			return err
+		case a.g.l.isDead() || errors.Is(err, amqp.ErrClosed):
 			return fmt.Errorf("%w: %w", ErrDeliveryLost, err)
 		}
 		return fmt.Errorf("rabbitbroker: %w", err)
@@ -515,13 +518,24 @@ func (a *acker) Ack(ctx context.Context) error {
 // expire after the bucket and are dead-lettered back to the work queue),
 // confirmed by the broker, and then the delivery is acked; if the copy
 // cannot be stored, the delivery is requeued at once instead (early
-// rather than lost or stuck unacked).
+// rather than lost or stuck unacked). If the delivery's connection dies
+// meanwhile (or ctx ends and the copy's publish gives the connection up),
+// Nak returns ErrDeliveryLost at once: the broker requeues the delivery
+// (and the copy, if it was stored after all, is delivered too: a
+// duplicate, never a loss).
 func (a *acker) Nak(ctx context.Context, delay time.Duration) error {
 	return a.settle(ctx, func() error {
 		if delay <= 0 {
 			return a.g.ch.Nack(a.d.DeliveryTag, false, true)
 		}
 		if err := a.delayCopy(ctx, delay); err != nil {
+			if a.g.l.isDead() {
+				// A nack now could only be written to a
+				// connection being closed. The copy's outcome is
+				// only a detail (%v): what the caller acts on is
+				// the loss.
+				return fmt.Errorf("%w (delayed copy: %v)", ErrDeliveryLost, err)
+			}
 			a.s.cfg.Logger.Warn("rabbitbroker: delayed nak failed; requeued at once", "msg_id", a.d.MessageId, "delay", delay, "err", err)
 			return a.g.ch.Nack(a.d.DeliveryTag, false, true)
 		}
