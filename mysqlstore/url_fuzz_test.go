@@ -28,14 +28,8 @@ func FuzzFromURL(f *testing.F) {
 			if !errors.Is(err, idem.ErrInvalidArgument) {
 				t.Fatalf("FromURL(%q): %v does not wrap ErrInvalidArgument", raw, err)
 			}
-			if i := strings.Index(raw, ":"); i >= 0 {
-				if _, rest, ok := strings.Cut(raw[i+1:], "//"); ok {
-					if user, _, ok := strings.Cut(rest, "@"); ok {
-						if _, pw, ok := strings.Cut(user, ":"); ok && len(pw) >= 6 && strings.Contains(err.Error(), pw) {
-							t.Fatalf("FromURL(%q): error shows the password: %v", raw, err)
-						}
-					}
-				}
+			if pw, others := urlPassword(raw); len(pw) >= 6 && strings.Contains(err.Error(), pw) && !strings.Contains(others, pw) {
+				t.Fatalf("FromURL(%q): error shows the password: %v", raw, err)
 			}
 			return
 		}
@@ -43,4 +37,33 @@ func FuzzFromURL(f *testing.F) {
 			t.Fatalf("FromURL(%q) accepted a configuration Validate refuses: %v", raw, err)
 		}
 	})
+}
+
+// urlPassword returns the password of raw's userinfo as written (the
+// authority runs to the first '/', '?' or '#'; the userinfo to its last
+// '@', as net/url reads it) and raw without it. An error may quote the
+// other parts of the URL: where they hold the password's text too
+// ("mysql://:p%40ss@/p%40ss/", a database named like the password), its
+// presence in an error tells nothing.
+func urlPassword(raw string) (pw, others string) {
+	i := strings.Index(raw, "://")
+	if i < 0 {
+		return "", raw
+	}
+	start := i + 3
+	auth := raw[start:]
+	if end := strings.IndexAny(auth, "/?#"); end >= 0 {
+		auth = auth[:end]
+	}
+	at := strings.LastIndex(auth, "@")
+	if at < 0 {
+		return "", raw
+	}
+	k := strings.Index(auth[:at], ":")
+	if k < 0 {
+		return "", raw
+	}
+	pwStart := start + k + 1
+	pw = auth[k+1 : at]
+	return pw, raw[:pwStart] + raw[pwStart+len(pw):]
 }
