@@ -351,14 +351,18 @@ func TestSettleSurvivesCancelledContext(t *testing.T) {
 
 type noBatch struct{ idem.Store }
 
+// batchWraps are the two ways AcquireBatch serves a store: with its
+// BatchClaimer, and one Acquire per key when it has none.
+var batchWraps = []struct {
+	name string
+	wrap func(idem.Store) idem.Store
+}{
+	{"batch store", func(s idem.Store) idem.Store { return s }},
+	{"one by one", func(s idem.Store) idem.Store { return noBatch{s} }},
+}
+
 func TestAcquireBatch(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		wrap func(idem.Store) idem.Store
-	}{
-		{"batch store", func(s idem.Store) idem.Store { return s }},
-		{"one by one", func(s idem.Store) idem.Store { return noBatch{s} }},
-	} {
+	for _, tc := range batchWraps {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newGuard(t, tc.wrap(newMem(t)))
 			g.Do(ctx, []byte("done"), func(context.Context) ([]byte, error) { return []byte("r"), nil })
@@ -391,13 +395,7 @@ func TestAcquireBatch(t *testing.T) {
 // entry written (stale ones from an earlier batch replaced), one entry
 // per item, and nothing once the guard is closed.
 func TestAcquireBatchInto(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		wrap func(idem.Store) idem.Store
-	}{
-		{"batch store", func(s idem.Store) idem.Store { return s }},
-		{"one by one", func(s idem.Store) idem.Store { return noBatch{s} }},
-	} {
+	for _, tc := range batchWraps {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newGuard(t, tc.wrap(newMem(t)))
 			g.Do(ctx, []byte("done"), func(context.Context) ([]byte, error) { return []byte("r"), nil })
