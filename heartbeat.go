@@ -30,6 +30,7 @@ import (
 // connection pool), otherwise one Extend each.
 type beater struct {
 	g        *Guard
+	ext      BatchExtender // the store's, nil when it has none
 	interval time.Duration // for the guard's own lease
 	smallest atomic.Int64  // smallest interval the loop's tick serves
 	kick     chan struct{} // a claim with a smaller interval was added
@@ -50,7 +51,8 @@ type beatShard struct {
 }
 
 func newBeater(g *Guard, interval time.Duration) *beater {
-	return &beater{g: g, interval: interval, kick: make(chan struct{}, 1)}
+	ext, _ := g.store.(BatchExtender)
+	return &beater{g: g, ext: ext, interval: interval, kick: make(chan struct{}, 1)}
 }
 
 // beatBatchMax is the most claims one ExtendBatch call of the heartbeat
@@ -159,10 +161,10 @@ func (b *beater) loop(stop, done chan struct{}) {
 			tick = want
 			t.Reset(tick)
 		}
-		if be, ok := b.g.store.(BatchExtender); ok {
+		if b.ext != nil {
 			for len(due) > 0 {
 				n := min(len(due), beatBatchMax)
-				go b.beatBatch(be, slices.Clone(due[:n]))
+				go b.beatBatch(slices.Clone(due[:n]))
 				due = due[n:]
 			}
 		} else {
@@ -213,7 +215,7 @@ func (b *beater) beat(h *Held) {
 // number of entries) extended nothing that can be relied on: every claim
 // of it stays held and is retried at the next tick, as after a failed
 // Extend; it is logged once, not once per claim.
-func (b *beater) beatBatch(be BatchExtender, hs []*Held) {
+func (b *beater) beatBatch(hs []*Held) {
 	es := make([]Extension, len(hs))
 	lease := hs[0].lease
 	for i, h := range hs {
@@ -222,7 +224,7 @@ func (b *beater) beatBatch(be BatchExtender, hs []*Held) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(lease/2, time.Millisecond))
 	sent := b.g.cfg.clock.Now()
-	errs, err := be.ExtendBatch(ctx, es)
+	errs, err := b.ext.ExtendBatch(ctx, es)
 	cancel()
 	if err == nil && len(errs) != len(hs) {
 		err = fmt.Errorf("%w: ExtendBatch answered %d entries of %d", ErrUnknownOutcome, len(errs), len(hs))
