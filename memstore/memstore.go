@@ -441,6 +441,15 @@ func (s *Store) settle(ctx context.Context, key []byte, token uint64, fn func(sh
 	return s.settleAt(now, key, token, fn)
 }
 
+// settleEntry is settle of one entry of a batch call, at the batch's
+// time now: the key and token are checked, as settle checks them.
+func (s *Store) settleEntry(now int64, key []byte, token uint64, fn func(sh *shard, e *entry, now int64) error) error {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return err
+	}
+	return s.settleAt(now, key, token, fn)
+}
+
 // settleAt is settle at time now, the key and token checked.
 func (s *Store) settleAt(now int64, key []byte, token uint64, fn func(sh *shard, e *entry, now int64) error) error {
 	sh := s.shard(key)
@@ -495,11 +504,7 @@ func (s *Store) CompleteBatch(ctx context.Context, cs []idem.Completion) ([]erro
 			errs[i] = err
 			continue
 		}
-		if err := idem.ValidateToken(c.Key, c.Token); err != nil {
-			errs[i] = err
-			continue
-		}
-		errs[i] = s.settleAt(now, c.Key, c.Token, func(sh *shard, e *entry, now int64) error { return sh.complete(e, c.Result, now) })
+		errs[i] = s.settleEntry(now, c.Key, c.Token, func(sh *shard, e *entry, now int64) error { return sh.complete(e, c.Result, now) })
 	}
 	return errs, nil
 }
@@ -565,11 +570,7 @@ func (s *Store) ExtendBatch(ctx context.Context, es []idem.Extension) ([]error, 
 			errs[i] = err
 			continue
 		}
-		if err := idem.ValidateToken(x.Key, x.Token); err != nil {
-			errs[i] = err
-			continue
-		}
-		errs[i] = s.settleAt(now, x.Key, x.Token, func(sh *shard, e *entry, now int64) error { return sh.extend(e, x.Lease, now) })
+		errs[i] = s.settleEntry(now, x.Key, x.Token, func(sh *shard, e *entry, now int64) error { return sh.extend(e, x.Lease, now) })
 	}
 	return errs, nil
 }
