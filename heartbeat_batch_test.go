@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -191,13 +192,13 @@ func TestHeartbeatBatchCallFailureRetried(t *testing.T) {
 // retried.
 type shortExtend struct {
 	idem.Store
-	calls int
+	calls atomic.Int32 // ExtendBatch calls (the heartbeat's goroutines make them)
 }
 
 func (s *shortExtend) ExtendBatch(ctx context.Context, es []idem.Extension) ([]error, error) {
-	s.calls++
+	n := s.calls.Add(1)
 	errs, err := s.Store.(idem.BatchExtender).ExtendBatch(ctx, es)
-	if err != nil || s.calls > 1 {
+	if err != nil || n > 1 {
 		return errs, err
 	}
 	for i := range errs {
@@ -211,10 +212,16 @@ func TestHeartbeatBatchResultCountMismatch(t *testing.T) {
 	mem := newMemClock(t, clk)
 	const lease = 300 * time.Millisecond
 	var hook countHook
-	g := newGuard(t, &shortExtend{Store: mem}, idem.WithLease(lease), idem.WithClock(clk), idem.WithHooks(hook.hooks()))
+	st := &shortExtend{Store: mem}
+	g := newGuard(t, st, idem.WithLease(lease), idem.WithClock(clk), idem.WithHooks(hook.hooks()))
 	hs, _ := holdMany(t, g, 3)
 	clk.Advance(lease / 2)
 	stepHeld(t, clk, mem, []string{"k0000", "k0001", "k0002"}, lease/4, 4, nil, nil)
+	// The heartbeat went through ExtendBatch (its first call gets the
+	// short answer): a guard that never called it would pass the rest.
+	if n := st.calls.Load(); n < 1 {
+		t.Fatal("no ExtendBatch call: the short answer was never read")
+	}
 	if n := hook.lost.Load(); n != 0 {
 		t.Fatalf("%d claims lost", n)
 	}
