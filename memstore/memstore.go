@@ -264,16 +264,12 @@ func clone(b []byte) []byte {
 	return append([]byte(nil), b...)
 }
 
-// fp returns the entry's fingerprint (nil: none), a view of the entry's
-// own bytes: copy it before it leaves the shard's lock.
-func (e *entry) fp() []byte {
+// fpCopy returns a copy of the entry's fingerprint (nil: none).
+func (e *entry) fpCopy() []byte {
 	if e.fpn > 0 {
-		return e.fpa[:e.fpn]
+		return clone(e.fpa[:e.fpn])
 	}
-	if e.fpx != "" {
-		return []byte(e.fpx)
-	}
-	return nil
+	return bytesOf(e.fpx)
 }
 
 // setFP stores a copy of fp as the entry's fingerprint.
@@ -306,7 +302,7 @@ func bytesOf(s string) []byte {
 
 func (e *entry) record(key []byte) idem.Record {
 	return idem.Record{
-		Key: key, State: e.state, Token: e.token, Fingerprint: clone(e.fp()), Result: bytesOf(e.result),
+		Key: key, State: e.state, Token: e.token, Fingerprint: e.fpCopy(), Result: bytesOf(e.result),
 		Attempts: e.attempts, LastError: e.lastErr, LeaseUntil: unix(e.leaseUntil),
 		ExpiresAt: unix(e.expiresAt), CreatedAt: unix(e.created), UpdatedAt: unix(e.updated),
 	}
