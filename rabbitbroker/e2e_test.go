@@ -1,7 +1,6 @@
 package rabbitbroker_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
@@ -91,8 +90,7 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 		c     *consumer.Consumer
 		sub   *rabbitbroker.Subscriber
 		chaos *e2etest.ChaosSub
-		done  chan error
-		stop  context.CancelFunc
+		stop  func() error // e2etest.RunConsumer's
 	}
 	joined := 0
 	join := func(nakEvery int64, url string) *member {
@@ -103,12 +101,8 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 			t.Fatal(err)
 		}
 		cs := &e2etest.ChaosSub{Subscriber: sub, NakEvery: nakEvery}
-		cons, err := consumer.New(ledger.ConsumerConfig(cs, guard, mode))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		m := &member{c: cons, sub: sub, chaos: cs, done: make(chan error, 1), stop: cancel}
+		m := &member{sub: sub, chaos: cs}
+		m.c, m.stop = e2etest.RunConsumer(t, ledger.ConsumerConfig(cs, guard, mode))
 		joined++
 		name := fmt.Sprintf("consumer %d (ledger c%d)", joined, joined)
 		t.Cleanup(func() { // evidence, with the ledger's (see e2etest.Ledger.Explain)
@@ -116,12 +110,10 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 				t.Logf("%s at the failure: forced naks %d, connects %d, stats %+v", name, m.chaos.Forced(), m.sub.Connects(), m.c.Stats())
 			}
 		})
-		go func() { m.done <- cons.Run(ctx) }()
 		return m
 	}
 	leave := func(m *member) {
-		m.stop()
-		if err := <-m.done; err != nil {
+		if err := m.stop(); err != nil {
 			t.Fatalf("stopped consumer's Run = %v", err)
 		}
 		if err := m.sub.Close(); err != nil {
@@ -131,7 +123,7 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 
 	consumeStart := time.Now()
 	net2 := proxy(t, "127.0.0.1:0", "127.0.0.1:5672")
-	m1 := join(20, rabbitURL())
+	m1 := join(20, rabbitbroker.RabbitURL())
 	m2 := join(0, net2.URL())
 	ledger.WaitDistinct(t, "a quarter of the messages", n/4)
 	if cut := net2.cut(); cut != 1 {

@@ -1,7 +1,6 @@
 package rocketbroker_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
@@ -99,19 +98,14 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 		c     *consumer.Consumer
 		sub   *rocketbroker.Subscriber
 		chaos *e2etest.ChaosSub
-		done  chan error
-		stop  context.CancelFunc
+		stop  func() error // e2etest.RunConsumer's
 	}
 	joined := 0
 	join := func(nakEvery int64) *member {
 		sub := subscriber(t, cfg) // the adapter's defaults
 		cs := &e2etest.ChaosSub{Subscriber: sub, NakEvery: nakEvery}
-		cons, err := consumer.New(ledger.ConsumerConfig(cs, guard, mode))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		m := &member{c: cons, sub: sub, chaos: cs, done: make(chan error, 1), stop: cancel}
+		m := &member{sub: sub, chaos: cs}
+		m.c, m.stop = e2etest.RunConsumer(t, ledger.ConsumerConfig(cs, guard, mode))
 		joined++
 		name := fmt.Sprintf("member %d (ledger c%d)", joined, joined)
 		t.Cleanup(func() { // evidence, with the ledger's (see e2etest.Ledger.Explain)
@@ -119,12 +113,10 @@ func testEndToEnd(t *testing.T, backend string, mode e2etest.Mode) {
 				t.Logf("%s at the failure: forced naks %d, stats %+v", name, m.chaos.Forced(), m.c.Stats())
 			}
 		})
-		go func() { m.done <- cons.Run(ctx) }()
 		return m
 	}
 	leave := func(m *member) {
-		m.stop()
-		if err := <-m.done; err != nil {
+		if err := m.stop(); err != nil {
 			t.Fatalf("stopped consumer's Run = %v", err)
 		}
 		if err := m.sub.Close(); err != nil {
