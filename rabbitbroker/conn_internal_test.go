@@ -11,14 +11,20 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// testConn is a connection to the tests' RabbitMQ (RABBITMQ_URL), closed
+// RabbitURL is the RabbitMQ the tests use; RABBITMQ_URL overrides it.
+// (Exported for the package's external tests, in a _test file.)
+func RabbitURL() string {
+	if u := os.Getenv("RABBITMQ_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+// testConn is a connection to the tests' RabbitMQ (RabbitURL), closed
 // at cleanup, and its link.
 func testConn(t *testing.T) (*amqp.Connection, *link) {
 	t.Helper()
-	url := os.Getenv("RABBITMQ_URL")
-	if url == "" {
-		url = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	url := RabbitURL()
 	c, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatalf("rabbitbroker tests need RabbitMQ at %s: %v", url, err)

@@ -157,7 +157,7 @@ func TestEndToEndChild(t *testing.T) {
 	}
 	f := strings.Fields(params)
 	exchange, queue, topic, dlq := f[0], f[1], f[2], f[3]
-	conn := rabbitbroker.Conn{URL: rabbitURL(), Logger: quiet()}
+	conn := rabbitbroker.Conn{URL: rabbitbroker.RabbitURL(), Logger: quiet()}
 	sub, err := rabbitbroker.NewSubscriber(rabbitbroker.SubscriberConfig{Conn: conn, Exchange: exchange, Queue: queue, Topics: []string{topic}})
 	if err != nil {
 		t.Fatal(err)

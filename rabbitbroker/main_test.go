@@ -18,14 +18,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// rabbitURL is the RabbitMQ the tests use; RABBITMQ_URL overrides it.
-func rabbitURL() string {
-	if u := os.Getenv("RABBITMQ_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
-
 // admin is a connection for declaring and deleting test topology; it
 // lives for the whole run, so the per-test leak checks do not see it.
 var admin *amqp.Connection
@@ -34,9 +26,9 @@ func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
 	var err error
-	admin, err = amqp.Dial(rabbitURL())
+	admin, err = amqp.Dial(rabbitbroker.RabbitURL())
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "rabbitbroker tests need RabbitMQ at %s: %v\n", rabbitURL(), err)
+		fmt.Fprintf(os.Stderr, "rabbitbroker tests need RabbitMQ at %s: %v\n", rabbitbroker.RabbitURL(), err)
 		return 1
 	}
 	code := m.Run()
@@ -79,7 +71,7 @@ func newTopo(t testing.TB) topo {
 // everything it declares are deleted at cleanup.
 func (x topo) subConfig(t testing.TB, group string) rabbitbroker.SubscriberConfig {
 	cfg := rabbitbroker.SubscriberConfig{
-		Conn:     rabbitbroker.Conn{URL: rabbitURL(), Logger: quiet(), Name: unique(t, "idemtest-conn")},
+		Conn:     rabbitbroker.Conn{URL: rabbitbroker.RabbitURL(), Logger: quiet(), Name: unique(t, "idemtest-conn")},
 		Exchange: x.Exchange,
 		Queue:    x.Exchange + "." + group,
 		Topics:   []string{x.Topic},
@@ -89,7 +81,7 @@ func (x topo) subConfig(t testing.TB, group string) rabbitbroker.SubscriberConfi
 }
 
 func (x topo) pubConfig() rabbitbroker.PublisherConfig {
-	return rabbitbroker.PublisherConfig{Conn: rabbitbroker.Conn{URL: rabbitURL(), Logger: quiet()}, Exchange: x.Exchange}
+	return rabbitbroker.PublisherConfig{Conn: rabbitbroker.Conn{URL: rabbitbroker.RabbitURL(), Logger: quiet()}, Exchange: x.Exchange}
 }
 
 func (x topo) publisher(t testing.TB) *rabbitbroker.Publisher {

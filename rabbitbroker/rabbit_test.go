@@ -68,7 +68,7 @@ func nothingFor(t testing.TB, s broker.Subscriber, d time.Duration) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	ok := rabbitbroker.SubscriberConfig{Conn: rabbitbroker.Conn{URL: rabbitURL()}, Queue: "q", Topics: []string{"t"}}
+	ok := rabbitbroker.SubscriberConfig{Conn: rabbitbroker.Conn{URL: rabbitbroker.RabbitURL()}, Queue: "q", Topics: []string{"t"}}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
@@ -101,7 +101,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := (rabbitbroker.PublisherConfig{}).Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
 		t.Errorf("publisher without URL: %v", err)
 	}
-	pub := rabbitbroker.PublisherConfig{Conn: rabbitbroker.Conn{URL: rabbitURL()}}
+	pub := rabbitbroker.PublisherConfig{Conn: rabbitbroker.Conn{URL: rabbitbroker.RabbitURL()}}
 	for _, c := range []rabbitbroker.PublisherConfig{
 		{Conn: pub.Conn, ExchangeType: "fanot"},
 		{Conn: pub.Conn, Exchange: "amq.idem"},
@@ -126,7 +126,7 @@ func TestConfigValidate(t *testing.T) {
 // TestDefaultsFromConfig: the delivery limit and the redelivery window
 // that follow from the defaults.
 func TestRedeliveryWindowAndLimit(t *testing.T) {
-	c := rabbitbroker.SubscriberConfig{Conn: rabbitbroker.Conn{URL: rabbitURL()}, Queue: "q", Topics: []string{"t"}}
+	c := rabbitbroker.SubscriberConfig{Conn: rabbitbroker.Conn{URL: rabbitbroker.RabbitURL()}, Queue: "q", Topics: []string{"t"}}
 	if got := c.MaxDeliveries(); got != 21 {
 		t.Errorf("MaxDeliveries = %d, want 21 (x-delivery-limit 20 + the first delivery)", got)
 	}
