@@ -178,8 +178,8 @@ func (g *Guard) Acquire(ctx context.Context, key []byte, opts ...CallOption) (*H
 		}
 	}
 	start := g.cfg.clock.Now() // the lease runs from no earlier than this
-	e, busy, cur := g.holding.claim(key, req.Fingerprint)
-	if busy {
+	e, cur := g.holding.claim(key, req.Fingerprint)
+	if e == nil {
 		// Claimed or held by this guard: in progress, whatever its lease
 		// says (see holding).
 		a := g.heldHere(ctx, req, cur, start)
@@ -248,8 +248,8 @@ func (g *Guard) AcquireBatchInto(ctx context.Context, items []BatchItem, out []A
 	defer sc.put()
 	start := g.cfg.clock.Now()
 	for i, it := range items {
-		e, busy, cur := g.holding.claim(it.Key, it.Fingerprint)
-		if busy {
+		e, cur := g.holding.claim(it.Key, it.Fingerprint)
+		if e == nil {
 			out[i] = g.heldHere(ctx, g.batchRequest(it), cur, start)
 			continue
 		}

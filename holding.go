@@ -104,22 +104,22 @@ func (s *holding) release(sh *holdShard, e *holdEntry) {
 }
 
 // claim registers a claim of key (with fingerprint fp) about to be sent
-// and returns its entry; or, when key is in the set already, returns nil,
-// busy, and what is there.
-func (s *holding) claim(key, fp []byte) (e *holdEntry, busy bool, cur holder) {
+// and returns its entry; or, when key is in the set already, nil and
+// what is there.
+func (s *holding) claim(key, fp []byte) (e *holdEntry, cur holder) {
 	sh, hash := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for c := sh.m[hash]; c != nil; c = c.next {
 		if bytes.Equal(c.key, key) {
-			return nil, true, holder{h: c.h, fp: c.fp, hasFP: c.hasFP}
+			return nil, holder{h: c.h, fp: c.fp, hasFP: c.hasFP}
 		}
 	}
 	e = s.insert(sh, hash, key)
 	if len(fp) > 0 {
 		e.fp, e.hasFP = maphash.Bytes(s.seed, fp), true
 	}
-	return e, false, holder{}
+	return e, holder{}
 }
 
 // acquired makes claim entry e h's: h is held from now on. (e is the
