@@ -82,43 +82,11 @@ func newStream(t testing.TB, c redis.UniversalClient) string {
 }
 
 func dropStream(t testing.TB, c redis.UniversalClient, name string) {
+	t.Helper()
+	redistest.DropPrefix(t, c, "{"+name+"}:idem-dedup:")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	keys := []string{name, streamsbroker.DeadLetterStream(name)}
-	pattern := "{" + name + "}:idem-dedup:*"
-	scan := func(ctx context.Context, n redis.Cmdable) error {
-		var cur uint64
-		for {
-			ks, next, err := n.Scan(ctx, cur, pattern, 1000).Result()
-			if err != nil {
-				return err
-			}
-			// One UNLINK per page: the keys share the stream's hash tag
-			// (one slot), and a round trip per key made the cleanup of a
-			// 100,000-message benchmark outlast its timeout under load.
-			if len(ks) > 0 {
-				if err := n.Unlink(ctx, ks...).Err(); err != nil {
-					return err
-				}
-			}
-			if next == 0 {
-				return nil
-			}
-			cur = next
-		}
-	}
-	var err error
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
-	} else {
-		err = scan(ctx, c)
-	}
-	for _, k := range keys {
-		if e := c.Del(ctx, k).Err(); e != nil && err == nil {
-			err = e
-		}
-	}
-	if err != nil {
+	if err := c.Del(ctx, name, streamsbroker.DeadLetterStream(name)).Err(); err != nil {
 		t.Errorf("drop stream %s: %v", name, err)
 	}
 }
