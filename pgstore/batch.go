@@ -513,15 +513,9 @@ type mutEntry struct {
 	sort  sortKey
 }
 
-// mutEntry checks an entry's key and token as mutateTop does.
+// mutEntry checks an entry's key and token as mutateTop does (tokenRef).
 func (s *Store) mutEntry(i int, key []byte, token uint64, arg any) (mutEntry, error) {
-	if err := idem.ValidateToken(key, token); err != nil {
-		return mutEntry{}, err
-	}
-	if token > 1<<63-1 {
-		return mutEntry{}, fmt.Errorf("%w: token %d was never issued", idem.ErrFenced, token)
-	}
-	r, err := s.ref(key)
+	r, err := s.tokenRef(key, token)
 	if err != nil {
 		return mutEntry{}, err
 	}

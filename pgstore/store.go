@@ -107,6 +107,19 @@ type keyRef struct {
 	table int
 }
 
+// tokenRef checks the key and token of a token-checked mutation and
+// locates the key's row: a token above the int64 range was never issued
+// (ErrFenced).
+func (s *Store) tokenRef(key []byte, token uint64) (keyRef, error) {
+	if err := idem.ValidateToken(key, token); err != nil {
+		return keyRef{}, err
+	}
+	if token > 1<<63-1 {
+		return keyRef{}, fmt.Errorf("%w: token %d was never issued", idem.ErrFenced, token)
+	}
+	return s.ref(key)
+}
+
 func (s *Store) ref(key []byte) (keyRef, error) {
 	if err := idem.ValidateKey(key); err != nil {
 		return keyRef{}, err
@@ -405,13 +418,7 @@ func (s *Store) Extend(ctx context.Context, key []byte, token uint64, lease time
 }
 
 func (s *Store) mutateTop(ctx context.Context, m mutation, key []byte, token uint64, arg any) error {
-	if err := idem.ValidateToken(key, token); err != nil {
-		return err
-	}
-	if token > 1<<63-1 {
-		return fmt.Errorf("%w: token %d was never issued", idem.ErrFenced, token)
-	}
-	r, err := s.ref(key)
+	r, err := s.tokenRef(key, token)
 	if err != nil {
 		return err
 	}

@@ -87,13 +87,7 @@ func (s *Store) mutateIn(ctx context.Context, tx pgx.Tx, m mutation, key []byte,
 			arg = []byte{}
 		}
 	}
-	if err := idem.ValidateToken(key, token); err != nil {
-		return err
-	}
-	if token > 1<<63-1 {
-		return fmt.Errorf("%w: token %d was never issued", idem.ErrFenced, token)
-	}
-	r, err := s.ref(key)
+	r, err := s.tokenRef(key, token)
 	if err != nil {
 		return err
 	}
