@@ -205,8 +205,7 @@ func TestMaintenanceBesideClaims(t *testing.T) {
 // maintainer is maintenance running beside a test's claims, in this
 // process or in a child process (startMaintainer).
 type maintainer struct {
-	onDrop func(string)
-	stop   func() (int, error)
+	stop func() (int, error)
 
 	mu        sync.Mutex
 	rounds    int
@@ -263,7 +262,7 @@ func transientMaint(err error) bool {
 // stops maintenance, which status reports.
 func startMaintainer(t *testing.T, where string, cfg pgstore.Config, onDrop func(string)) *maintainer {
 	t.Helper()
-	m := &maintainer{onDrop: onDrop}
+	m := &maintainer{}
 	if where == "StoreValues" {
 		var logs syncBuffer
 		mcfg := cfg
