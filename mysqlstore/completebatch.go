@@ -175,6 +175,14 @@ func (s *Store) updateAll(ctx context.Context, todo []*batchEntry, extend bool) 
 	return first
 }
 
+// op is the entry's operation as Complete (extend false) or Extend runs it.
+func (e *batchEntry) op(extend bool) finishOp {
+	if extend {
+		return extendOp(e.lease)
+	}
+	return completeOp(e.result)
+}
+
 func opName(extend bool) string {
 	if extend {
 		return "extend"
@@ -328,10 +336,6 @@ func (s *Store) judgeChunk(ctx context.Context, q querier, chunk []*batchEntry, 
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	op := completeOp(nil)
-	if extend {
-		op = extendOp(0)
-	}
 	for _, c := range chunk {
 		r, ok := found[c.l.hash]
 		switch {
@@ -342,16 +346,12 @@ func (s *Store) judgeChunk(ctx context.Context, q querier, chunk []*batchEntry, 
 		case r.token == c.token && r.state == stInProgress:
 			// Not expected (the UPDATE would have matched it); settle this
 			// entry alone rather than guess.
-			one := completeOp(c.result)
-			if extend {
-				one = extendOp(c.lease)
-			}
-			c.err = s.finish(ctx, q, c.key, c.token, one)
+			c.err = s.finish(ctx, q, c.key, c.token, c.op(extend))
 			if c.err != nil && !errors.Is(c.err, idem.ErrFenced) && !errors.Is(c.err, idem.ErrNotFound) {
 				return c.err
 			}
 		default:
-			c.err = op.verdict(c.key, c.token, idem.State(r.state), r.token)
+			c.err = c.op(extend).verdict(c.key, c.token, idem.State(r.state), r.token)
 		}
 	}
 	return nil
