@@ -15,6 +15,13 @@ import (
 	"github.com/idem-dev/idem/faultstore"
 )
 
+// failHeartbeats makes every heartbeat extend through fs fail: the single
+// Extends of a bare Store and the ExtendBatch calls of a BatchStore.
+func failHeartbeats(fs *faultstore.Store) {
+	fs.Inject(faultstore.OpExtend, faultstore.Fault{})
+	fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{})
+}
+
 // waitUntil polls cond until it holds, failing the test after a generous
 // deadline (a hang guard, not a timing assertion).
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -611,8 +618,7 @@ func TestPendingBackgroundCompletionNotOvertakenInBatch(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	g := newGuard(t, faultstore.BatchStore{Store: fs}, idem.WithLease(lease))
 	fs.Inject(faultstore.OpComplete, faultstore.Fault{})
-	fs.Inject(faultstore.OpExtend, faultstore.Fault{})
-	fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{}) // the heartbeat of a BatchStore
+	failHeartbeats(fs)
 	if _, err := g.Do(ctx, []byte("k"), func(context.Context) ([]byte, error) { return []byte("v"), nil }); !errors.Is(err, idem.ErrUnrecorded) {
 		t.Fatalf("err = %v, want ErrUnrecorded", err)
 	}
@@ -683,8 +689,7 @@ func TestHeldKeyNotOvertakenInProcess(t *testing.T) {
 			if err != nil || h == nil {
 				t.Fatalf("first claim: %v, %v", h, err)
 			}
-			fs.Inject(faultstore.OpExtend, faultstore.Fault{})
-			fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{}) // the heartbeat of a BatchStore
+			failHeartbeats(fs)
 			waitUntil(t, "the lease to lapse", func() bool {
 				r, err := mem.Get(ctx, []byte("k"))
 				return err == nil && r.State == idem.StateInProgress && time.Now().After(r.LeaseUntil)
@@ -714,8 +719,7 @@ func TestHeldKeyNotOvertakenInProcess(t *testing.T) {
 			if err != nil || h == nil {
 				t.Fatalf("claim k2: %v, %v", h, err)
 			}
-			fs.Inject(faultstore.OpExtend, faultstore.Fault{})
-			fs.Inject(faultstore.OpExtendBatch, faultstore.Fault{}) // the heartbeat of a BatchStore
+			failHeartbeats(fs)
 			waitUntil(t, "k2's lease to lapse", func() bool {
 				r, err := mem.Get(ctx, []byte("k2"))
 				return err == nil && time.Now().After(r.LeaseUntil)
