@@ -82,6 +82,11 @@ func (l *link) reason() error {
 	return nil
 }
 
+// gone is the error of a use of a dead link: nothing was sent on it.
+func (l *link) gone() error {
+	return fmt.Errorf("%w: %w (%w)", idem.ErrUnavailable, ErrNotReady, l.reason())
+}
+
 // shut closes the connection (the broker requeues what it had unacked).
 func (l *link) shut() {
 	l.kill(errors.New("closed"))
@@ -301,13 +306,13 @@ func (c *confirmCh) publish(ctx context.Context, msgs []outgoing) error {
 	select {
 	case c.turn <- struct{}{}:
 	case <-c.l.dead:
-		return fmt.Errorf("%w: %w (%w)", idem.ErrUnavailable, ErrNotReady, c.l.reason())
+		return c.l.gone()
 	case <-ctx.Done():
 		return fmt.Errorf("%w: rabbitbroker: waiting for the channel (nothing sent): %w", idem.ErrUnavailable, ctx.Err())
 	}
 	defer func() { <-c.turn }()
 	if c.l.isDead() {
-		return fmt.Errorf("%w: %w (%w)", idem.ErrUnavailable, ErrNotReady, c.l.reason())
+		return c.l.gone()
 	}
 	// Anything left from an abandoned batch was given up with its
 	// channel; a live channel has nothing pending here. A closed returns
