@@ -50,6 +50,13 @@ type sortKey struct {
 	ref, req int32
 }
 
+// sortKey is r's place in index order (table, key time, hash); ref and
+// req are left to the caller.
+func (r *keyRef) sortKey() sortKey {
+	return sortKey{table: int32(r.table), kt: r.ktime.UnixMicro(),
+		h0: binary.BigEndian.Uint64(r.hash), h1: binary.BigEndian.Uint64(r.hash[8:])}
+}
+
 func (a *sortKey) compare(b *sortKey) int {
 	switch {
 	case a.table != b.table:
@@ -81,8 +88,9 @@ func (s *Store) claimBatch(ctx context.Context, q querier, reqs []idem.ClaimRequ
 			out[i].Err = err
 			continue
 		}
-		order = append(order, sortKey{table: int32(r.table), kt: r.ktime.UnixMicro(),
-			h0: binary.BigEndian.Uint64(r.hash), h1: binary.BigEndian.Uint64(r.hash[8:]), ref: int32(len(refs)), req: int32(i)})
+		k := r.sortKey()
+		k.ref, k.req = int32(len(refs)), int32(i)
+		order = append(order, k)
 		refs = append(refs, r)
 	}
 	if len(order) == 0 {
@@ -519,8 +527,7 @@ func (s *Store) mutEntry(i int, key []byte, token uint64, arg any) (mutEntry, er
 	if err != nil {
 		return mutEntry{}, err
 	}
-	return mutEntry{i: i, ref: r, token: token, arg: arg, sort: sortKey{table: int32(r.table), kt: r.ktime.UnixMicro(),
-		h0: binary.BigEndian.Uint64(r.hash), h1: binary.BigEndian.Uint64(r.hash[8:])}}, nil
+	return mutEntry{i: i, ref: r, token: token, arg: arg, sort: r.sortKey()}, nil
 }
 
 // mutateBatch sends mutation m of every entry of todo, pipelined in one
