@@ -44,7 +44,7 @@ func heldThroughProxy(t *testing.T, n int, heartbeat time.Duration) (*tcpProxy, 
 
 // nakAll calls Nak(1s) on every delivery at once, each with ctx; their
 // errors come on the channel as they return.
-func nakAll(held []*broker.Message, ctx context.Context) <-chan error {
+func nakAll(ctx context.Context, held []*broker.Message) <-chan error {
 	errs := make(chan error, len(held))
 	for _, m := range held {
 		go func() { errs <- m.Acker.Nak(ctx, time.Second) }()
@@ -107,7 +107,7 @@ func TestNakOnCutConnection(t *testing.T) {
 	// Longer than the delayed copy's own 30s confirm timeout and than
 	// the 20s the Naks get to return below: a Nak that waits for its
 	// context, or for another's confirm timeout, fails the test.
-	errc := nakAll(held, ctxT(t, 2*time.Minute))
+	errc := nakAll(ctxT(t, 2*time.Minute), held)
 	waitFor(t, "a delayed copy sent into the blackhole", func() bool { return px.dropped() >= 4096 })
 	if k := px.cut(); k != 1 {
 		t.Fatalf("cut %d connections, want 1", k)
@@ -136,10 +136,10 @@ func TestNakOnBlackholedConnection(t *testing.T) {
 	if k := px.blackhole(); k != 1 {
 		t.Fatalf("blackholed %d connections, want 1", k)
 	}
-	first := nakAll(held[:1], ctxT(t, 2*time.Minute))
+	first := nakAll(ctxT(t, 2*time.Minute), held[:1])
 	waitFor(t, "a delayed copy sent into the blackhole", func() bool { return px.dropped() >= 4096 })
 	// 15s: well before the first Nak's 30s confirm timeout.
-	errs := collect(t, nakAll(held[1:], ctxT(t, 3*time.Second)), n-1, 15*time.Second)
+	errs := collect(t, nakAll(ctxT(t, 3*time.Second), held[1:]), n-1, 15*time.Second)
 	var nacked, lost, expired int
 	for i, err := range errs {
 		switch {
