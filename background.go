@@ -102,7 +102,7 @@ func (b *bgCompleter) round(timeout time.Duration, quit <-chan struct{}, deadlin
 	for i, e := range entries {
 		ops[i] = e.op
 	}
-	bc, _ := g.store.(BatchCompleter)
+	bc := g.bc
 	// One entry first, as a probe: while the store is down a round costs
 	// one call, however many entries wait.
 	if b.settle(ops[:1], bc, timeout, quit, deadline) {

@@ -34,6 +34,7 @@ type Guard struct {
 	store   Store
 	batch   BatchClaimer
 	into    BatchClaimerInto // set when batch is one too
+	bc      BatchCompleter   // the store's, nil when it has none
 	cfg     guardConfig
 	hooks   hookSet
 	log     *slog.Logger
@@ -72,6 +73,7 @@ func NewGuard(store Store, opts ...Option) (*Guard, error) {
 	}
 	g := &Guard{store: store, cfg: cfg, hooks: newHookSet(cfg.hooks, cfg.logger), log: cfg.logger}
 	g.batch, _ = store.(BatchClaimer)
+	g.bc, _ = store.(BatchCompleter)
 	if g.batch != nil {
 		g.into, _ = store.(BatchClaimerInto)
 	}
@@ -749,8 +751,7 @@ func (g *Guard) CompleteBatch(ctx context.Context, hs []*Held, results [][]byte)
 	if len(ops) == 0 {
 		return errs
 	}
-	bc, _ := g.store.(BatchCompleter)
-	g.settleNow(ctx, ops, bc)
+	g.settleNow(ctx, ops, g.bc)
 	for j, op := range ops {
 		errs[idx[j]] = g.finish(ctx, op, true)
 	}
