@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -51,12 +52,16 @@ func call(t *testing.T, c *remoting.Conn, code int, ext map[string]string, body 
 
 func send(t *testing.T, c *remoting.Conn, topic string, queue int, props map[string]string, body string, reconsume int) *remoting.Command {
 	t.Helper()
-	return call(t, c, remoting.SendMessage, map[string]string{
+	return call(t, c, remoting.SendMessage, sendFields(topic, queue, props, reconsume), []byte(body))
+}
+
+func sendFields(topic string, queue int, props map[string]string, reconsume int) map[string]string {
+	return map[string]string{
 		"producerGroup": "p", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
 		"queueId": strconv.Itoa(queue), "sysFlag": "0", "bornTimestamp": "1700000000000", "flag": "0",
 		"properties": remoting.EncodeProperties(props), "reconsumeTimes": strconv.Itoa(reconsume),
 		"maxReconsumeTimes": "2",
-	}, []byte(body))
+	}
 }
 
 func pull(t *testing.T, c *remoting.Conn, group, topic string, queue int, offset int64, suspend time.Duration) (*remoting.Command, []*remoting.Stored) {
@@ -124,12 +129,27 @@ func TestSendPull(t *testing.T) {
 	if resp, _ := pull(t, br, "g", "auto", 1, 5, 0); resp.Code != remoting.PullOffsetMoved || resp.Field("nextBeginOffset") != "1" {
 		t.Fatalf("pull past the end: %+v", resp)
 	}
+	// The sender reports back rather than calling t.Fatal off the test's
+	// goroutine, and the test waits for it: the long poll can wake before
+	// the sender has read its own response, and the test's cleanup would
+	// then close the sender's connection under it.
+	sent := make(chan error, 1)
+	second := dial(t, s.BrokerAddr())
 	go func() {
 		time.Sleep(200 * time.Millisecond)
-		send(t, dial(t, s.BrokerAddr()), "auto", 1, nil, "second", 0)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		r, err := second.Invoke(ctx, &remoting.Command{Code: remoting.SendMessage, Language: "GO", Version: 317, ExtFields: sendFields("auto", 1, nil, 0), Body: []byte("second")})
+		if err == nil && r.Code != remoting.Success {
+			err = fmt.Errorf("send: code %d %s", r.Code, r.Remark)
+		}
+		sent <- err
 	}()
 	began := time.Now()
 	resp, msgs = pull(t, br, "g", "auto", 1, 1, 20*time.Second)
+	if err := <-sent; err != nil {
+		t.Fatalf("second send: %v", err)
+	}
 	if resp.Code != remoting.Success || len(msgs) != 1 || string(msgs[0].Body) != "second" {
 		t.Fatalf("long poll: %+v after %s", resp, time.Since(began))
 	}
