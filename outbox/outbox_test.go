@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
@@ -81,6 +82,14 @@ func TestTruncateError(t *testing.T) {
 	}
 	if outbox.TruncateError("short") != "short" {
 		t.Fatal("short error changed")
+	}
+	// Bytes a text column refuses become U+FFFD, also before a cut.
+	if got := outbox.TruncateError("k\x00ey \xff\xc3!"); got != "k\uFFFDey \uFFFD!" {
+		t.Fatalf("TruncateError(NUL, invalid UTF-8) = %q", got)
+	}
+	got = outbox.TruncateError(strings.Repeat("a\xff", outbox.MaxErrorLen))
+	if len(got) > outbox.MaxErrorLen || !utf8.ValidString(got) || got != strings.Repeat("a\uFFFD", outbox.MaxErrorLen/4) {
+		t.Fatalf("long invalid error cut to %q (%d bytes)", got, len(got))
 	}
 }
 

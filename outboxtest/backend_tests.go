@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
@@ -379,6 +380,50 @@ func (s *suite) testSettleInvalid(t *testing.T) {
 	if len(rows) != 1 || rows[0].Seq == seq {
 		t.Fatalf("after the refused settlements: %+v", rows)
 	}
+}
+
+// testSettleErrorText: a publish error's text is whatever the broker
+// client said, which may hold NUL bytes, invalid UTF-8 (a key or payload
+// quoted into the message) or far more than MaxErrorLen. Settle stores it
+// (as TruncateError makes it) instead of failing: a settlement that fails
+// for its error text frees the batch unchanged, so the bad row never
+// counts an attempt, the batch's published rows are published again on
+// every round, and the same rows are claimed for ever.
+func (s *suite) testSettleErrorText(t *testing.T) {
+	h := s.harness(t)
+	all := enqueue(t, h, true, msgs(3)...)
+	t0 := later()
+	b := claim(t, h, outbox.ClaimRequest{Now: t0})
+	r := b.Rows()
+	nasty := "publish k\x00ey \x00\xff\xfe\xc3 refused: " + strings.Repeat("é", outbox.MaxErrorLen)
+	settle(t, b, outbox.Settlement{Now: t0,
+		Sent:   []int64{r[0].Seq},
+		Retry:  []outbox.Retry{{Seq: r[1].Seq, Delay: time.Second, Err: nasty}},
+		Failed: []outbox.Failure{{Seq: r[2].Seq, Err: "gave up: \x00\xff"}},
+	})
+	check := func(what string, row outbox.Row, prefix string) {
+		t.Helper()
+		if row.Attempts != 1 {
+			t.Fatalf("%s: attempts %d, want 1", what, row.Attempts)
+		}
+		le := row.LastError
+		if !utf8.ValidString(le) || strings.IndexByte(le, 0) >= 0 || len(le) > outbox.MaxErrorLen || !strings.HasPrefix(le, prefix) {
+			t.Fatalf("%s: last error %q (%d bytes): want valid UTF-8 without NUL, at most %d bytes, starting %q", what, le, len(le), outbox.MaxErrorLen, prefix)
+		}
+		if le != outbox.TruncateError(le) {
+			t.Fatalf("%s: last error %q is not what TruncateError keeps", what, le)
+		}
+	}
+	c := claim(t, h, outbox.ClaimRequest{Now: t0.Add(time.Second)})
+	wantIDs(t, "retried", ids(c.Rows()), all[1:2])
+	check("retried row", c.Rows()[0], "publish k")
+	_ = c.Release(ctxT(t))
+	failed, err := h.Backend.ListFailed(ctxT(t), 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs(t, "failed", ids(failed), all[2:3])
+	check("failed row", failed[0], "gave up: ")
 }
 
 // testCrashFreesRows: the claimer dies (after publishing, before

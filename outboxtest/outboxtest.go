@@ -87,6 +87,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"OutOfOrderCommitNoCursor", s.testOutOfOrderCommit},
 		{"Settle", s.testSettle},
 		{"SettleInvalid", s.testSettleInvalid},
+		{"SettleAnyErrorText", s.testSettleErrorText},
 		{"CrashFreesRows", s.testCrashFreesRows},
 		{"ListFailedRequeue", s.testListRequeue},
 		{"PurgeSent", s.testPurge},
