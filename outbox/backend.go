@@ -76,7 +76,9 @@ type ClaimRequest struct {
 // stays pending with NextAttemptAt = s.Now + Delay and LastError = Err,
 // every row in s.Failed becomes StatusFailed with LastError = Err; each of
 // them gets Attempts+1 and UpdatedAt = s.Now. Rows of the batch not named
-// are freed unchanged. A Seq that is not in the batch, or named twice, is
+// are freed unchanged. Err may be any text (a broker client's message,
+// NUL bytes and invalid UTF-8 included): the backend stores
+// TruncateError(Err), never fails for it. A Seq that is not in the batch, or named twice, is
 // idem.ErrInvalidArgument and nothing changes; a second Settle is
 // ErrBatchEnded. When Settle fails the rows are freed unchanged (or, when
 // the outcome is unknown, maybe settled): a published row is then

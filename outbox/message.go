@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
@@ -210,9 +212,15 @@ func DecodeHeaders(b []byte) (map[string]string, error) {
 	return h, nil
 }
 
-// TruncateError cuts a publish error's text to MaxErrorLen bytes for
-// last_error (on a rune boundary).
+// TruncateError makes a publish error's text fit last_error: invalid UTF-8
+// and NUL bytes (a broker client may quote a key or payload; a PostgreSQL
+// text column refuses both) become U+FFFD, and the result is cut to
+// MaxErrorLen bytes on a rune boundary. Backends store what it returns, so
+// no error text can fail a settlement.
 func TruncateError(s string) string {
+	if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	}
 	if len(s) <= MaxErrorLen {
 		return s
 	}
