@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/outbox"
+	"github.com/idem-dev/idem/outbox/memoutbox"
 )
 
 // TestBackoffSeedSchedule: the seed's schedule (1s, x1.5, capped at 10s)
@@ -150,3 +152,66 @@ func (nopPublisher) Publish(context.Context, ...*broker.Message) error { return 
 func (nopPublisher) Close() error                                      { return nil }
 
 type nopBackend struct{ outbox.Backend }
+
+// settleDeadlines wraps a backend and records the deadline of every
+// Settle's context.
+type settleDeadlines struct {
+	outbox.Backend
+	deadlines chan time.Time
+}
+
+func (b settleDeadlines) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Batch, error) {
+	bt, err := b.Backend.Claim(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return deadlineBatch{bt, b.deadlines}, nil
+}
+
+type deadlineBatch struct {
+	outbox.Batch
+	deadlines chan time.Time
+}
+
+func (b deadlineBatch) Settle(ctx context.Context, s outbox.Settlement) error {
+	d, _ := ctx.Deadline()
+	b.deadlines <- d
+	return b.Batch.Settle(ctx, s)
+}
+
+// slowPublisher takes its time, and reports when it was done.
+type slowPublisher struct{ done chan time.Time }
+
+func (p slowPublisher) Publish(context.Context, ...*broker.Message) error {
+	time.Sleep(2 * time.Millisecond)
+	p.done <- time.Now()
+	return nil
+}
+func (slowPublisher) Close() error { return nil }
+
+// TestSettleTimeoutAfterPublish: marking a batch sent gets its whole
+// settle timeout from the moment publishing ended. Counted from the claim,
+// publishing ate it: a publish taking longer than the settle timeout (a
+// PublishTimeout above the default, or a slow broker near the default)
+// left the settlement an expired context, the batch was freed unchanged,
+// and the same rows were claimed and published again for ever, never
+// marked sent and never counting an attempt.
+func TestSettleTimeoutAfterPublish(t *testing.T) {
+	ob := memoutbox.New(memoutbox.Config{})
+	if _, err := ob.Enqueue(context.Background(), outbox.Message{ID: "m1", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	back := settleDeadlines{ob, make(chan time.Time, 1)}
+	pub := slowPublisher{make(chan time.Time, 1)}
+	r, err := outbox.New(outbox.Config{Backend: back, Publisher: pub, PublishTimeout: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(context.Background()); n != 1 || err != nil {
+		t.Fatalf("RunOnce = %d, %v", n, err)
+	}
+	published, deadline := <-pub.done, <-back.deadlines
+	if left := deadline.Sub(published); left < outbox.DefaultSettleTimeout {
+		t.Fatalf("the settlement had %s left after publishing, want the whole %s", left, outbox.DefaultSettleTimeout)
+	}
+}
