@@ -359,11 +359,16 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	rows := b.Rows()
-	// Settling must outlive a shutdown that starts mid-publish: a row the
-	// broker has should be marked sent.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
-	defer cancel()
-	defer b.Release(sctx)
+	// Settling and releasing must outlive a shutdown that starts
+	// mid-publish (a row the broker has should be marked sent), and each
+	// gets its whole timeout when it starts: counted from the claim, a
+	// publish taking longer than it would leave the settlement an expired
+	// context, and the batch would be published again on every round.
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
+		defer cancel()
+		_ = b.Release(rctx) // a no-op after Settle
+	}()
 	if len(rows) == 0 {
 		return 0, nil
 	}
@@ -402,6 +407,8 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		row.NextAttemptAt = at.Add(d)
 		retries = append(retries, RetryEvent{Row: row, Delay: d, Err: errs[i]})
 	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
+	defer cancel()
 	if err := b.Settle(sctx, s); err != nil {
 		r.opError(ctx, "settle", err)
 		return len(rows), err
