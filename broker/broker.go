@@ -27,6 +27,22 @@ const (
 // ErrClosed is returned by a closed publisher or subscriber.
 var ErrClosed = errors.New("broker: closed")
 
+// ErrDeliveryLost is wrapped by the error of an Acker call (Ack, Nak,
+// Term, InProgress) on a delivery that can no longer be settled through
+// its subscriber and that the broker will deliver again (to this
+// subscriber or another member of its group): the connection or channel
+// it came on closed (RabbitMQ), its entry was reclaimed by another
+// consumer (Redis Streams), its partition was revoked (Kafka), its
+// subscriber was closed (RocketMQ). Nothing the caller does with this
+// delivery reaches the broker any more; the redelivered copy is the
+// message now. Adapters keep their own sentinels for it, each wrapping
+// this one, so errors.Is(err, broker.ErrDeliveryLost) holds for all.
+//
+// The consumer runtime stops working for a lost delivery: it does not
+// retry or hold it, and lets go of its claim if the handler has not run,
+// so that the redelivered copy is handled at once (see package consumer).
+var ErrDeliveryLost = errors.New("broker: delivery lost; the broker redelivers it")
+
 // Message is one delivery. ID is fixed by the producer before the first send
 // (never generated at delivery time), so every redelivery of the same
 // message has the same ID.
@@ -46,6 +62,12 @@ type Message struct {
 
 // Acker settles one delivery. After Ack, Nak or Term the delivery is settled
 // and further calls return nil without effect.
+//
+// A call on a delivery that can no longer be settled through this
+// subscriber, and that the broker will redeliver, returns an error wrapping
+// ErrDeliveryLost (an adapter that cannot tell returns nil, or its other
+// error). It is no failure of the effect: after a lost Ack of a recorded
+// effect the redelivered copy is answered as a duplicate.
 type Acker interface {
 	// Ack: the effect is durable; the broker must not redeliver.
 	Ack(ctx context.Context) error
@@ -54,7 +76,10 @@ type Acker interface {
 	// Term: never redeliver (poison message, already dead-lettered).
 	Term(ctx context.Context, reason string) error
 	// InProgress tells the broker the handler is still working so it does
-	// not redeliver yet. A no-op where the broker has no such notion.
+	// not redeliver yet. A no-op where the broker has no such notion. The
+	// consumer runtime calls it every InProgressInterval for each
+	// delivery it has in hand, so it is also how a delivery found lost
+	// (ErrDeliveryLost) is noticed before it is settled.
 	InProgress(ctx context.Context) error
 }
 

@@ -53,6 +53,14 @@ type Features struct {
 	// closed are redelivered to another subscriber of the same group
 	// (after AckWait, a rebalance...).
 	RedeliverAfterClose bool
+	// LostAfterClose: the unsettled deliveries of a subscriber that is
+	// closed can no longer be settled, and say so: InProgress, Ack, Nak
+	// and Term on them return an error wrapping broker.ErrDeliveryLost
+	// (InProgress at least once Close has taken effect: an adapter whose
+	// connection dies asynchronously may answer nil for a moment), change
+	// nothing, and the messages come back to another subscriber of the
+	// group. Needs RedeliverAfterClose.
+	LostAfterClose bool
 	// MaxPayload is the largest payload the suite sends (the broker's
 	// limit minus headroom for headers). Default 256 KiB.
 	MaxPayload int
@@ -126,6 +134,7 @@ func Run(t *testing.T, factory Factory, features Features) {
 		{"InProgress", true, testInProgress},
 		{"RedeliveryAfterConsumerDeath", f.RedeliverAfterClose, testConsumerDeath},
 		{"NoAckBeforeEffect", f.RedeliverAfterClose, testNoAckBeforeEffect},
+		{"DeliveryLostAfterClose", f.LostAfterClose && f.RedeliverAfterClose, testDeliveryLost},
 		{"OrderedByKey", f.OrderedByKey, testOrdering},
 		{"ConsumerGroupSplitsWork", f.ConsumerGroups, testGroupSplit},
 		{"SeparateGroupsEachGetAll", f.ConsumerGroups, testGroupFanOut},

@@ -28,6 +28,7 @@ var memFeatures = brokertest.Features{
 	NativeNakDelay:      true,
 	DeliveryCount:       true,
 	RedeliverAfterClose: true,
+	LostAfterClose:      true,
 	MaxPayload:          1 << 20,
 	NakDelay:            300 * time.Millisecond,
 	AckWait:             memAckWait,

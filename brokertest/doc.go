@@ -5,8 +5,9 @@
 // Run checks publish/consume, header, key and payload round-trips, large
 // and empty payloads, settle-once semantics, redelivery after Nak and
 // after a subscriber dies without settling, that nothing counts as
-// consumed before it is acked, Term, ordering where promised and consumer
-// groups.
+// consumed before it is acked, that the deliveries a closed subscriber
+// left report broker.ErrDeliveryLost, Term, ordering where promised and
+// consumer groups.
 //
 //	func TestConformance(t *testing.T) {
 //		brokertest.Run(t, func(t testing.TB) brokertest.Env {

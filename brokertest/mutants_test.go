@@ -3,6 +3,7 @@ package brokertest_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -41,7 +42,8 @@ var mutants = map[string][]string{
 	"term-noop":            {"TermNotRedelivered"},
 	"term-redelivers":      {"TermNotRedelivered"},
 	"inprogress-noop":      {"InProgress"},
-	"close-acks-unsettled": {"RedeliveryAfterConsumerDeath", "NoAckBeforeEffect"},
+	"close-acks-unsettled": {"RedeliveryAfterConsumerDeath", "NoAckBeforeEffect", "DeliveryLostAfterClose"},
+	"lost-unreported":      {"DeliveryLostAfterClose"},
 	"reorders":             {"OrderedByKey"},
 	"no-split":             {"ConsumerGroupSplitsWork"},
 	"one-group":            {"SeparateGroupsEachGetAll"},
@@ -274,6 +276,15 @@ func (a *mutAcker) done() {
 	a.s.mu.Unlock()
 }
 
+// unreported is err, except that lost-unreported answers nil for a lost
+// delivery.
+func (a *mutAcker) unreported(err error) error {
+	if a.s.kind == "lost-unreported" && errors.Is(err, broker.ErrDeliveryLost) {
+		return nil
+	}
+	return err
+}
+
 func (a *mutAcker) Ack(ctx context.Context) error {
 	if a.s.kind == "settle-twice-errors" && a.settled.Swap(true) {
 		return fmt.Errorf("already settled")
@@ -282,6 +293,8 @@ func (a *mutAcker) Ack(ctx context.Context) error {
 	switch a.s.kind {
 	case "ack-noop":
 		return nil
+	case "lost-unreported":
+		return a.unreported(a.Acker.Ack(ctx))
 	case "redelivers-acked":
 		if a.m.Delivery == 1 {
 			c := *a.m
@@ -305,6 +318,8 @@ func (a *mutAcker) Nak(ctx context.Context, d time.Duration) error {
 		return a.Acker.Ack(ctx)
 	case "nak-ignores-delay":
 		d = 0
+	case "lost-unreported":
+		return a.unreported(a.Acker.Nak(ctx, d))
 	}
 	return a.Acker.Nak(ctx, d)
 }
@@ -319,6 +334,8 @@ func (a *mutAcker) Term(ctx context.Context, reason string) error {
 		return nil
 	case "term-redelivers":
 		return a.Acker.Nak(ctx, 0)
+	case "lost-unreported":
+		return a.unreported(a.Acker.Term(ctx, reason))
 	}
 	return a.Acker.Term(ctx, reason)
 }
@@ -327,7 +344,7 @@ func (a *mutAcker) InProgress(ctx context.Context) error {
 	if a.s.kind == "inprogress-noop" {
 		return nil
 	}
-	return a.Acker.InProgress(ctx)
+	return a.unreported(a.Acker.InProgress(ctx))
 }
 
 type nopAcker struct{}

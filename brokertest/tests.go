@@ -484,20 +484,27 @@ func testInProgress(t *testing.T, env Env, f Features) {
 	ack(t, held)
 }
 
-// testConsumerDeath: a subscriber fetches and dies (Close without
-// settling); another subscriber of the group gets every message.
-func testConsumerDeath(t *testing.T, env Env, f Features) {
+// fetchAndDie publishes n messages, fetches them all with a subscriber of
+// group "g" and closes it without settling any: the sent messages and
+// the deliveries it left.
+func fetchAndDie(t *testing.T, env Env, f Features, prefix string, n int) (sent, first []*broker.Message) {
 	p := newPub(t, env)
 	defer closeOK(t, "publisher", p)
-
-	sent := makeMsgs(env.Topic, "death", 10, nil)
+	sent = makeMsgs(env.Topic, prefix, n, nil)
 	publish(t, p, sent...)
 	s1 := newSub(t, env, "g")
-	first := collect(t, s1, f.DeliveryTimeout, untilIDs(sent), nil)
+	first = collect(t, s1, f.DeliveryTimeout, untilIDs(sent), nil)
 	closeOK(t, "dying subscriber", s1)
 	if miss := missing(sent, first); len(miss) > 0 {
 		t.Fatalf("first subscriber got %d of %d messages", len(sent)-len(miss), len(sent))
 	}
+	return sent, first
+}
+
+// testConsumerDeath: a subscriber fetches and dies (Close without
+// settling); another subscriber of the group gets every message.
+func testConsumerDeath(t *testing.T, env Env, f Features) {
+	sent, _ := fetchAndDie(t, env, f, "death", 10)
 
 	s2 := newSub(t, env, "g")
 	defer closeOK(t, "subscriber", s2)
@@ -553,6 +560,51 @@ func testNoAckBeforeEffect(t *testing.T, env Env, f Features) {
 		}
 	}
 	noneBack(t, s2, f, sent[:5], "acked")
+}
+
+// testDeliveryLost: the deliveries a closed subscriber left unsettled
+// report broker.ErrDeliveryLost from InProgress (once Close has taken
+// effect), Ack, Nak and Term, and those calls change nothing: every
+// message comes back to the group's next subscriber, the acked one and
+// the terminated one included.
+func testDeliveryLost(t *testing.T, env Env, f Features) {
+	sent, first := fetchAndDie(t, env, f, "lost", 4)
+	got := byID(first)
+	m := got[sent[0].ID]
+	ctx := ctxFor(t, f.RedeliveryTimeout)
+	for {
+		err := m.Acker.InProgress(ctx)
+		if errors.Is(err, broker.ErrDeliveryLost) {
+			break
+		}
+		if err != nil && ctx.Err() == nil {
+			t.Fatalf("InProgress of a delivery of a closed subscriber = %v, want an error wrapping broker.ErrDeliveryLost", err)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("InProgress of a delivery of a closed subscriber still %v after %s, want an error wrapping broker.ErrDeliveryLost", err, f.RedeliveryTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sctx := ctxFor(t, 30*time.Second)
+	for i, settle := range []struct {
+		name string
+		call func(a broker.Acker) error
+	}{
+		{"Ack", func(a broker.Acker) error { return a.Ack(sctx) }},
+		{"Nak", func(a broker.Acker) error { return a.Nak(sctx, 0) }},
+		{"Term", func(a broker.Acker) error { return a.Term(sctx, "lost") }},
+	} {
+		if err := settle.call(got[sent[i+1].ID].Acker); !errors.Is(err, broker.ErrDeliveryLost) {
+			t.Errorf("%s of a delivery of a closed subscriber = %v, want an error wrapping broker.ErrDeliveryLost", settle.name, err)
+		}
+	}
+
+	s2 := newSub(t, env, "g")
+	defer closeOK(t, "subscriber", s2)
+	again := collect(t, s2, f.RedeliveryTimeout+f.DeliveryTimeout, untilIDs(sent), ackAll(t))
+	if miss := missing(sent, again); len(miss) > 0 {
+		t.Fatalf("%d of %d lost deliveries never came back (a lost Ack, Nak or Term settled them?): %v", len(miss), len(sent), miss)
+	}
 }
 
 func testOrdering(t *testing.T, env Env, f Features) {

@@ -48,6 +48,7 @@ func TestConformance(t *testing.T) {
 		NativeNakDelay:      true,  // held in memory for the delay, offset uncommitted
 		DeliveryCount:       false, // Kafka does not count deliveries across members
 		RedeliverAfterClose: true,
+		LostAfterClose:      true,
 		MaxPayload:          1000 << 10, // Kafka's default message.max.bytes is 1048588
 		RedeliveryTimeout:   15 * time.Second,
 		AckWait:             0, // no ack wait: a delivery stays with its member until it leaves the group

@@ -244,7 +244,8 @@ func TestConsumerDeathRedelivers(t *testing.T) {
 }
 
 // TestRevokedSettlesIgnored: after Close (which revokes everything), acking
-// and naking old deliveries is a safe no-op.
+// and naking old deliveries changes nothing and reports ErrDeliveryLost
+// (broker.ErrDeliveryLost): the group's next member gets them again.
 func TestRevokedSettlesIgnored(t *testing.T) {
 	c := newCluster(t)
 	adm := admin(t, c)
@@ -259,11 +260,17 @@ func TestRevokedSettlesIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := got[1].Acker.Ack(ctx); err != nil {
-		t.Fatal(err)
+	if err := got[1].Acker.InProgress(ctx); err != ErrDeliveryLost || !errors.Is(err, broker.ErrDeliveryLost) {
+		t.Fatalf("InProgress after Close = %v, want ErrDeliveryLost", err)
 	}
-	if err := got[2].Acker.Nak(ctx, 0); err != nil {
-		t.Fatal(err)
+	if err := got[1].Acker.Ack(ctx); !errors.Is(err, broker.ErrDeliveryLost) {
+		t.Fatalf("Ack after Close = %v, want ErrDeliveryLost", err)
+	}
+	if err := got[2].Acker.Nak(ctx, 0); !errors.Is(err, broker.ErrDeliveryLost) {
+		t.Fatalf("Nak after Close = %v, want ErrDeliveryLost", err)
+	}
+	if err := got[0].Acker.InProgress(ctx); err != nil {
+		t.Fatalf("InProgress of a delivery acked before Close = %v, want nil", err)
 	}
 	if at := committed(t, adm, group, topic, 0); at != 1 {
 		t.Fatalf("committed %d, want 1 (acks after close ignored)", at)

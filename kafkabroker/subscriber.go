@@ -80,7 +80,7 @@ type partition struct {
 	topicPartition
 	t        *tracker
 	draining bool // being revoked: hand nothing more out
-	dead     bool // revoked or lost: settles are ignored
+	dead     bool // revoked or lost: settles are ignored (ErrDeliveryLost)
 }
 
 // NewSubscriber joins the group in the background and returns at once;
@@ -402,8 +402,15 @@ func (s *Subscriber) message(p *partition, e *entry, r *kgo.Record) *broker.Mess
 	return m
 }
 
+// ErrDeliveryLost is returned by the Acker of a delivery whose partition
+// was revoked or lost (a rebalance, an expired session, Close): the
+// settle is ignored and the partition's next owner redelivers the record
+// from the group's committed offset. It wraps broker.ErrDeliveryLost.
+var ErrDeliveryLost = fmt.Errorf("kafkabroker: partition revoked (%w)", broker.ErrDeliveryLost)
+
 // acker settles one delivery. Settling a delivery of a partition that was
-// revoked or lost is ignored: the new owner redelivers it.
+// revoked or lost is ignored (ErrDeliveryLost): the new owner redelivers
+// it.
 type acker struct {
 	s    *Subscriber
 	p    *partition
@@ -412,31 +419,37 @@ type acker struct {
 }
 
 func (a *acker) Ack(context.Context) error {
-	a.settle()
-	return nil
+	_, err := a.settle()
+	return err
 }
 
 func (a *acker) Term(_ context.Context, reason string) error {
-	if a.settle() {
+	ok, err := a.settle()
+	if ok {
 		a.s.cfg.Logger.Info("kafkabroker: message terminated", "topic", a.p.topic, "partition", a.p.partition, "offset", a.e.off, "reason", reason)
 	}
-	return nil
+	return err
 }
 
-func (a *acker) settle() bool {
+// settle reports whether it settled the entry, and ErrDeliveryLost if its
+// partition is gone.
+func (a *acker) settle() (bool, error) {
 	s := a.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if a.done {
-		return false
+		return false, nil
+	}
+	if a.p.dead {
+		return false, ErrDeliveryLost
 	}
 	a.done = true
-	if a.p.dead || !a.p.t.settle(a.e) {
-		return false
+	if !a.p.t.settle(a.e) {
+		return false, nil
 	}
 	s.unsettled--
 	s.wakeLocked()
-	return true
+	return true, nil
 }
 
 // Nak keeps the offset uncommitted (the commit stops before it) and hands
@@ -448,8 +461,11 @@ func (a *acker) Nak(_ context.Context, delay time.Duration) error {
 	if a.done {
 		return nil
 	}
+	if a.p.dead {
+		return ErrDeliveryLost
+	}
 	a.done = true
-	if a.p.dead || !a.p.t.nak(a.e) {
+	if !a.p.t.nak(a.e) {
 		return nil
 	}
 	if delay > s.cfg.MaxNakDelay {
@@ -465,9 +481,18 @@ func (a *acker) Nak(_ context.Context, delay time.Duration) error {
 	return nil
 }
 
-// InProgress is a no-op: Kafka has no per-message deadline; group
-// membership is kept alive by franz-go's heartbeats.
-func (a *acker) InProgress(context.Context) error { return nil }
+// InProgress only reports a delivery whose partition was revoked or lost
+// (ErrDeliveryLost): Kafka has no per-message deadline; group membership
+// is kept alive by franz-go's heartbeats.
+func (a *acker) InProgress(context.Context) error {
+	s := a.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !a.done && a.p.dead {
+		return ErrDeliveryLost
+	}
+	return nil
+}
 
 // onAssigned starts tracking newly assigned partitions (franz-go fetches
 // them from the group's committed offsets), then calls the caller's

@@ -52,6 +52,7 @@ func TestConformance(t *testing.T) {
 		NativeNakDelay:      true, // delay queues
 		DeliveryCount:       true, // x-delivery-count
 		RedeliverAfterClose: true,
+		LostAfterClose:      true,
 		MaxPayload:          1 << 20,
 		AckWait:             0, // no ack wait: a delivery stays with its channel until it closes
 		RedeliveryTimeout:   15 * time.Second,

@@ -16,8 +16,9 @@ import (
 
 // ErrDeliveryLost: the delivery came on a connection (or channel) that has
 // since closed. It can no longer be settled; the broker requeues every
-// unacked delivery of a closed channel and delivers it again.
-var ErrDeliveryLost = errors.New("rabbitbroker: delivery's channel is closed; the broker redelivers it")
+// unacked delivery of a closed channel and delivers it again. It wraps
+// broker.ErrDeliveryLost.
+var ErrDeliveryLost = fmt.Errorf("rabbitbroker: delivery's channel is closed (%w)", broker.ErrDeliveryLost)
 
 // ErrUnroutable: the broker returned a mandatory message because no queue
 // is bound for its routing key; it was not stored.

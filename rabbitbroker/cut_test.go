@@ -114,7 +114,7 @@ func TestNakOnCutConnection(t *testing.T) {
 	}
 	errs := collect(t, errc, n, 20*time.Second)
 	for i, err := range errs {
-		if !errors.Is(err, rabbitbroker.ErrDeliveryLost) {
+		if !errors.Is(err, rabbitbroker.ErrDeliveryLost) || !errors.Is(err, broker.ErrDeliveryLost) {
 			t.Fatalf("Nak %d of a cut connection = %v, want ErrDeliveryLost", i, err)
 		}
 	}

@@ -334,10 +334,10 @@ func TestServerClosesConnection(t *testing.T) {
 	}
 	waitFor(t, "the subscriber's second connection", func() bool { return s.Connects() >= 2 && s.Connected() })
 	for _, m := range held {
-		if err := m.Acker.Ack(ctxT(t, 5*time.Second)); !errors.Is(err, rabbitbroker.ErrDeliveryLost) {
+		if err := m.Acker.Ack(ctxT(t, 5*time.Second)); !errors.Is(err, rabbitbroker.ErrDeliveryLost) || !errors.Is(err, broker.ErrDeliveryLost) {
 			t.Fatalf("Ack of a delivery of the closed connection = %v, want ErrDeliveryLost", err)
 		}
-		if err := m.Acker.InProgress(ctxT(t, 5*time.Second)); !errors.Is(err, rabbitbroker.ErrDeliveryLost) {
+		if err := m.Acker.InProgress(ctxT(t, 5*time.Second)); !errors.Is(err, rabbitbroker.ErrDeliveryLost) || !errors.Is(err, broker.ErrDeliveryLost) {
 			t.Fatalf("InProgress of a lost delivery = %v, want ErrDeliveryLost", err)
 		}
 	}

@@ -58,6 +58,7 @@ func testConformance(t *testing.T, orderly bool) {
 		ConsumerGroups:      true,
 		NativeNakDelay:      true,
 		RedeliverAfterClose: !orderly,
+		LostAfterClose:      !orderly,
 		MaxPayload:          1 << 20,
 		RedeliveryTimeout:   redeliveryTimeout(c, orderly),
 		LeakOptions:         leakOptions(),

@@ -259,7 +259,7 @@ func TestCloseLosesUnsettled(t *testing.T) {
 	if err := s1.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Acker.Ack(ctxT(t, 10*time.Second)); !errors.Is(err, rocketbroker.ErrDeliveryLost) {
+	if err := b.Acker.Ack(ctxT(t, 10*time.Second)); !errors.Is(err, rocketbroker.ErrDeliveryLost) || !errors.Is(err, broker.ErrDeliveryLost) {
 		t.Fatalf("Ack after Close = %v, want ErrDeliveryLost", err)
 	}
 	if _, err := s1.Fetch(ctxT(t, time.Second), 1); !errors.Is(err, broker.ErrClosed) {

@@ -22,8 +22,8 @@ import (
 
 // ErrDeliveryLost is returned when settling a delivery the subscriber can
 // no longer settle (it was closed): the broker redelivers the message from
-// the group's committed offset.
-var ErrDeliveryLost = errors.New("rocketbroker: delivery lost (subscriber closed); the broker redelivers it")
+// the group's committed offset. It wraps broker.ErrDeliveryLost.
+var ErrDeliveryLost = fmt.Errorf("rocketbroker: subscriber closed (%w)", broker.ErrDeliveryLost)
 
 // Subscriber is a push consumer in clustering mode for one consumer group,
 // bridged to the pull model of broker.Subscriber: the client calls a

@@ -3,7 +3,6 @@ package streamsbroker
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -230,5 +230,6 @@ var ErrStreamFull = fmt.Errorf("streamsbroker: stream full (%w)", idem.ErrCapaci
 
 // ErrDeliveryLost: InProgress on a delivery that is no longer this
 // consumer's (it stayed idle past AckWait and was reclaimed, or acked
-// elsewhere). The message has been or will be delivered again.
-var ErrDeliveryLost = errors.New("streamsbroker: delivery lost: the entry was reclaimed or settled elsewhere")
+// elsewhere). The message has been or will be delivered again. It wraps
+// broker.ErrDeliveryLost.
+var ErrDeliveryLost = fmt.Errorf("streamsbroker: the entry was reclaimed or settled elsewhere (%w)", broker.ErrDeliveryLost)

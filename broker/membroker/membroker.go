@@ -60,7 +60,7 @@ type entry struct {
 	due      time.Time // when it may be delivered (again)
 	inflight bool
 	owner    *Subscriber
-	gen      uint64 // bumped on each delivery, so stale ackers are no-ops
+	gen      uint64 // bumped on each delivery: a stale acker finds its delivery lost
 }
 
 type group struct {
@@ -355,12 +355,25 @@ func (s *Subscriber) Close() error {
 }
 
 type acker struct {
-	s   *Subscriber
-	idx int
-	gen uint64
+	s    *Subscriber
+	idx  int
+	gen  uint64
+	done bool // settled through this acker; guarded by b.mu
 }
 
-// settle applies f to the entry if this delivery is still the live one.
+// live returns the entry if this delivery is still the live one, or nil
+// when it is lost: its subscriber closed, it was delivered again after
+// its ack wait, or a later delivery settled it.
+func (a *acker) live(g *group) *entry {
+	e := g.entries[a.idx]
+	if e == nil || e.gen != a.gen || !e.inflight {
+		return nil
+	}
+	return e
+}
+
+// settle applies f to the entry if this delivery is still the live one;
+// broker.ErrDeliveryLost if it is not.
 func (a *acker) settle(ctx context.Context, f func(g *group, e *entry)) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -368,11 +381,15 @@ func (a *acker) settle(ctx context.Context, f func(g *group, e *entry)) error {
 	b := a.s.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	g := b.topic(a.s.topic).group(a.s.group)
-	e := g.entries[a.idx]
-	if e == nil || e.gen != a.gen || !e.inflight {
+	if a.done {
 		return nil
 	}
+	g := b.topic(a.s.topic).group(a.s.group)
+	e := a.live(g)
+	if e == nil {
+		return fmt.Errorf("membroker: %s/%s message %d: %w", a.s.topic, a.s.group, a.idx, broker.ErrDeliveryLost)
+	}
+	a.done = true
 	f(g, e)
 	g.signal()
 	return nil
@@ -399,10 +416,14 @@ func (a *acker) InProgress(ctx context.Context) error {
 	b := a.s.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.topic(a.s.topic).group(a.s.group).entries[a.idx]
-	if e != nil && e.gen == a.gen && e.inflight {
-		e.due = time.Now().Add(b.cfg.AckWait)
+	if a.done {
+		return nil
 	}
+	e := a.live(b.topic(a.s.topic).group(a.s.group))
+	if e == nil {
+		return fmt.Errorf("membroker: %s/%s message %d: %w", a.s.topic, a.s.group, a.idx, broker.ErrDeliveryLost)
+	}
+	e.due = time.Now().Add(b.cfg.AckWait)
 	return nil
 }
 

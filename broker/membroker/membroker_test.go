@@ -151,3 +151,56 @@ func TestLagCountsUnsettled(t *testing.T) {
 		t.Fatalf("other group's lag = %d, want 4", n)
 	}
 }
+
+// TestStaleDeliveryLost: a delivery that is no longer the live one (its
+// subscriber closed, or it was delivered again after its ack wait)
+// reports broker.ErrDeliveryLost from every Acker call and changes
+// nothing; a delivery settled through its own Acker stays a no-op.
+func TestStaleDeliveryLost(t *testing.T) {
+	ctx := context.Background()
+	b, _ := membroker.New(membroker.Config{AckWait: time.Hour})
+	p := b.NewPublisher()
+	for _, id := range []string{"a", "b"} {
+		if err := p.Publish(ctx, &broker.Message{ID: id, Topic: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s1 := b.NewSubscriber("t", "g")
+	first := fetch(t, s1, time.Second)
+	if len(first) != 2 {
+		t.Fatalf("fetched %d, want 2", len(first))
+	}
+	if err := first[0].Acker.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = s1.Close() // first[1] goes back to the group
+	if err := first[1].Acker.InProgress(ctx); !errors.Is(err, broker.ErrDeliveryLost) {
+		t.Fatalf("InProgress after Close = %v, want ErrDeliveryLost", err)
+	}
+	for name, err := range map[string]error{
+		"Ack": first[1].Acker.Ack(ctx), "Nak": first[1].Acker.Nak(ctx, 0), "Term": first[1].Acker.Term(ctx, "x"),
+	} {
+		if !errors.Is(err, broker.ErrDeliveryLost) {
+			t.Fatalf("%s after Close = %v, want ErrDeliveryLost", name, err)
+		}
+	}
+	if err := first[0].Acker.Ack(ctx); err != nil {
+		t.Fatalf("second Ack of a settled delivery = %v, want nil", err)
+	}
+	if err := first[0].Acker.InProgress(ctx); err != nil {
+		t.Fatalf("InProgress of a settled delivery = %v, want nil", err)
+	}
+	// The lost Ack changed nothing: b comes back.
+	s2 := b.NewSubscriber("t", "g")
+	defer s2.Close()
+	again := fetch(t, s2, time.Second)
+	if len(again) != 1 || again[0].ID != "b" || again[0].Delivery != 2 {
+		t.Fatalf("after the lost settles: %+v, want b on its second delivery", again)
+	}
+	if err := again[0].Acker.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lag, _ := s2.Lag(ctx); lag != 0 {
+		t.Fatalf("Lag = %d, want 0", lag)
+	}
+}
