@@ -472,16 +472,31 @@ func (c *cell) outage(ctx context.Context) {
 }
 
 func (c *cell) clockStep(ctx context.Context) {
-	w, inc, busy := c.busy(ctx, c.consumers, shm.InHandler, 10*time.Second)
-	if !busy {
-		c.logf("no consumer holds claims: no clock step this round")
-		return
+	// The handlers busy() saw may finish before the step is sent (seen at
+	// load ~35: the step then hit nothing): pick again until the count read
+	// right before sending is not 0, for up to 10 s.
+	var w *worker
+	var inc *incarnation
+	var held int64
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var busy bool
+		w, inc, busy = c.busy(ctx, c.consumers, shm.InHandler, time.Until(deadline))
+		if !busy {
+			c.logf("no consumer holds claims: no clock step this round")
+			return
+		}
+		if held = inc.ctr.Get(shm.InHandler); held > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.logf("no consumer held claims when the step was due: no clock step this round")
+			return
+		}
 	}
 	step := 2 * c.r.cfg.Timing.lease()
 	if c.intn(0, 1) == 0 {
 		step = -step
 	}
-	held := inc.ctr.Get(shm.InHandler)
 	if err := w.send("clock " + step.String()); err != nil {
 		c.problem("clock %s: %v", w.name, err)
 		return
