@@ -189,6 +189,9 @@ func (s *suite) testInvalid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A failing check must not leave the transaction (and its pool
+	// connection) open: the harness's cleanup would wait for it.
+	defer func() { _ = tx.Rollback(context.Background()) }()
 	for _, m := range []outbox.Message{
 		{ID: "x", Topic: ""},
 		{ID: strings.Repeat("i", outbox.MaxIDLen+1), Topic: "t"},
@@ -196,6 +199,13 @@ func (s *suite) testInvalid(t *testing.T) {
 		{ID: "x", Topic: "t", Key: make([]byte, outbox.MaxKeyLen+1)},
 		{ID: "x", Topic: "t", Payload: make([]byte, outbox.MaxPayloadLen+1)},
 		{ID: "x", Topic: "t", Headers: map[string]string{"h": strings.Repeat("v", outbox.MaxHeadersLen)}},
+		// IDs and topics are text (a PostgreSQL text column, a header
+		// value, a subject): NUL and invalid UTF-8 are refused up front,
+		// not by the server after the transaction went wrong.
+		{ID: "a\x00b", Topic: "t"},
+		{ID: "a\xffb", Topic: "t"},
+		{ID: "x", Topic: "t\x00"},
+		{ID: "x", Topic: "t\xc3"},
 	} {
 		if _, err := tx.Enqueue(ctx, outbox.Message{ID: "ok-before", Topic: "t"}, m); !errors.Is(err, idem.ErrInvalidArgument) {
 			t.Fatalf("Enqueue(%.60q...): %v, want ErrInvalidArgument", fmt.Sprint(m), err)
