@@ -508,6 +508,10 @@ func TestBadInputOutbox(t *testing.T) {
 		{"key over the limit", outbox.Message{ID: "a", Topic: "t", Key: make([]byte, outbox.MaxKeyLen+1)}, "key"},
 		{"payload over the limit", outbox.Message{ID: "a", Topic: "t", Payload: make([]byte, outbox.MaxPayloadLen+1)}, "payload"},
 		{"headers over the limit", outbox.Message{ID: "a", Topic: "t", Headers: map[string]string{"h": strings.Repeat("v", outbox.MaxHeadersLen)}}, "headers"},
+		// The ID and topic are text (pgoutbox stores them in text columns).
+		{"NUL in id", outbox.Message{ID: "odd\x00", Topic: "t"}, "NUL or invalid UTF-8"},
+		{"invalid UTF-8 id", outbox.Message{ID: "odd\xff", Topic: "t"}, "NUL or invalid UTF-8"},
+		{"NUL in topic", outbox.Message{ID: "a", Topic: "t\x00"}, "NUL or invalid UTF-8"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tx := ob.Begin()
@@ -521,8 +525,9 @@ func TestBadInputOutbox(t *testing.T) {
 			}
 		})
 	}
-	// NUL and invalid UTF-8 anywhere are data, kept byte for byte.
-	odd := outbox.Message{ID: "odd\x00\xff", Topic: "t\x00", Key: []byte{0, 0xff}, Headers: map[string]string{"h\x00": "\xff\x00"}, Payload: []byte{0}}
+	// NUL and invalid UTF-8 in the key, headers and payload are data, kept
+	// byte for byte.
+	odd := outbox.Message{ID: "odd", Topic: "t", Key: []byte{0, 0xff}, Headers: map[string]string{"h\x00": "\xff\x00"}, Payload: []byte{0}}
 	tx := ob.Begin()
 	if _, err := tx.Enqueue(ctx, odd); err != nil {
 		t.Fatal(err)

@@ -20,7 +20,8 @@ type Message struct {
 	// ID is fixed before the first send and kept across every retry: the
 	// broker's dedup id (Nats-Msg-Id, the idem-message-id header) and the
 	// consumer's idempotency key. Empty: the backend's NewID makes one (a
-	// snowflake id by default where configured).
+	// snowflake id by default where configured). Text: valid UTF-8
+	// without NUL, at most MaxIDLen bytes.
 	ID      string
 	Topic   string            // required
 	Key     []byte            // partition / ordering key; may be empty
@@ -129,13 +130,20 @@ func Prepare(ctx context.Context, m Message, newID func() (string, error)) (Mess
 	return m, hdr, nil
 }
 
-// Validate checks a message against the limits (ID set).
+// Validate checks a message against the limits (ID set). The ID and the
+// topic are text: a PostgreSQL text column, a header value, a subject; NUL
+// and invalid UTF-8 are refused in them (keys, header and payload bytes
+// are free).
 func Validate(m Message) error {
 	switch {
 	case m.ID == "" || len(m.ID) > MaxIDLen:
 		return invalid("message id must be 1 to %d bytes, got %d", MaxIDLen, len(m.ID))
+	case !isText(m.ID):
+		return invalid("message id %q: NUL or invalid UTF-8", m.ID)
 	case m.Topic == "" || len(m.Topic) > MaxTopicLen:
 		return invalid("message %q: topic must be 1 to %d bytes, got %d", m.ID, MaxTopicLen, len(m.Topic))
+	case !isText(m.Topic):
+		return invalid("message %q: topic %q: NUL or invalid UTF-8", m.ID, m.Topic)
 	case len(m.Key) > MaxKeyLen:
 		return invalid("message %q: key is %d bytes, the limit is %d", m.ID, len(m.Key), MaxKeyLen)
 	case len(m.Payload) > MaxPayloadLen:
@@ -143,6 +151,8 @@ func Validate(m Message) error {
 	}
 	return nil
 }
+
+func isText(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // EncodeHeaders encodes headers losslessly (any bytes in names and values):
 // a uvarint count, then for each header in name order a uvarint length and
