@@ -97,6 +97,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"RelayPublishesEachOnce", s.testRelayEachOnce},
 		{"SeveralRelays", s.testSeveralRelays},
 		{"CrashAfterPublish", s.testCrashAfterPublish},
+		{"ShutdownAfterPublish", s.testShutdownAfterPublish},
 		{"BackoffSchedule", s.testBackoffSchedule},
 		{"FailedAfterMaxAttempts", s.testFailedHook},
 		{"OneBadMessage", s.testOneBadMessage},

@@ -180,6 +180,28 @@ func (s *suite) testCrashAfterPublish(t *testing.T) {
 	}
 }
 
+// testShutdownAfterPublish: the relay is shut down (its context
+// cancelled) just after the broker took its batch: the rows are still
+// marked sent, not left to be published again. The claim's context bounds
+// the claim, not the life of its batch (database/sql rolls a transaction
+// back when the context given to BeginTx ends).
+func (s *suite) testShutdownAfterPublish(t *testing.T) {
+	h := s.harness(t)
+	all := enqueue(t, h, true, msgs(5)...)
+	rec := NewRecorder()
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	rec.After(func([]*broker.Message) { cancel() })
+	relay := newRelay(t, outbox.Config{Backend: h.Backend, Publisher: rec})
+	if n, err := relay.RunOnce(ctx); n != len(all) || err != nil {
+		t.Fatalf("RunOnce = %d, %v; want %d rows settled", n, err, len(all))
+	}
+	st, err := h.Backend.Stats(ctxT(t))
+	if err != nil || st.Pending != 0 {
+		t.Fatalf("stats %+v, %v: the published batch was not marked sent", st, err)
+	}
+}
+
 // testBackoffSchedule: on an injected clock the attempts of a failing
 // message come at the seed's schedule (1s, then 1.5s, with the jitter the
 // relay drew), the third failure marks it failed, and nothing is tried
