@@ -25,5 +25,6 @@ func CrashBatch(db *sql.DB) func(b outbox.Batch) {
 			panic(err)
 		}
 		_ = mb.tx.Rollback() // fails on the dead connection; frees it in database/sql
+		mb.cancel()
 	}
 }

@@ -194,8 +194,18 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	tx, err := o.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	// ctx bounds the claim (BEGIN and the SELECT), not the batch: the
+	// transaction lives until Settle or Release, also when ctx ends
+	// meanwhile (a relay shutting down after publishing still marks its
+	// batch sent). database/sql rolls a transaction back when the context
+	// given to BeginTx ends, so it gets one that ctx cancels only until
+	// the claim returns.
+	txCtx, txCancel := context.WithCancel(context.WithoutCancel(ctx))
+	detach := context.AfterFunc(ctx, txCancel)
+	tx, err := o.db.BeginTx(txCtx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
+		detach()
+		txCancel()
 		return nil, mapErr(err, false)
 	}
 	q := "SELECT " + rowCols + " FROM " + o.tbl + " o WHERE status = 0 AND next_attempt_at <= " + timeLit(req.Now)
@@ -210,11 +220,15 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 	if err == nil {
 		out, err = scanRows(rows)
 	}
+	if !detach() && err == nil { // ctx ended: the transaction is being rolled back
+		err = ctx.Err()
+	}
 	if err != nil {
 		_ = tx.Rollback()
+		txCancel()
 		return nil, mapErr(err, false)
 	}
-	b := &batch{o: o, tx: tx, rows: out, seqs: make(map[int64]struct{}, len(out))}
+	b := &batch{o: o, tx: tx, cancel: txCancel, rows: out, seqs: make(map[int64]struct{}, len(out))}
 	for _, r := range out {
 		b.seqs[r.Seq] = struct{}{}
 	}
@@ -249,11 +263,12 @@ func scanRows(rows *sql.Rows) ([]outbox.Row, error) {
 }
 
 type batch struct {
-	o    *Outbox
-	tx   *sql.Tx
-	rows []outbox.Row
-	seqs map[int64]struct{}
-	done bool
+	o      *Outbox
+	tx     *sql.Tx
+	cancel context.CancelFunc // the transaction's context, once it ended
+	rows   []outbox.Row
+	seqs   map[int64]struct{}
+	done   bool
 }
 
 func (b *batch) Rows() []outbox.Row { return b.rows }
@@ -267,6 +282,7 @@ func (b *batch) Settle(ctx context.Context, s outbox.Settlement) error {
 		return err
 	}
 	b.done = true
+	defer b.cancel()
 	if s.Len() > 0 {
 		if _, err := b.tx.ExecContext(ctx, b.o.settleSQL(s)); err != nil {
 			_ = b.tx.Rollback()
@@ -328,6 +344,7 @@ func (b *batch) Release(ctx context.Context) error {
 		return nil
 	}
 	b.done = true
+	defer b.cancel()
 	if err := b.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return mapErr(err, false)
 	}
