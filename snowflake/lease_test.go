@@ -99,6 +99,45 @@ func TestLeaseHandoffStartsAfterLastID(t *testing.T) {
 	}
 }
 
+// TestLeaseHandoffFloorOutlivesOldGenerator: the floor a closing generator
+// leaves in its released worker record is kept for LeaseRetention after the
+// release, also when the generator ran longer than LeaseRetention. The
+// record's retention was set by the claim and only raised to the lease by
+// the heartbeats, so the floor of a generator older than LeaseRetention
+// (any long-running service) went a lease after its release: a next holder
+// of the worker id whose clock is behind then made ids the old holder had
+// made already, which a consumer's guard takes for duplicates of other
+// messages (lost messages). Manual clocks and heartbeat, as below.
+func TestLeaseHandoffFloorOutlivesOldGenerator(t *testing.T) {
+	clk := clocktest.New()
+	st := memStore(t, clk)
+	l := snowflake.Layout{TimeBits: 53, WorkerBits: 0, SequenceBits: 10} // one worker id
+	const lease, retention = 300 * time.Millisecond, 10 * time.Second
+	cfg := snowflake.Config{Layout: l, Store: st, Clock: clk, Lease: lease, LeaseRetention: retention}
+	g1 := newGen(t, snowflake.ManualHeartbeat(cfg))
+	for elapsed := time.Duration(0); elapsed < 2*retention; elapsed += lease / 3 {
+		clk.Advance(lease / 3)
+		if !snowflake.Beat(g1) {
+			t.Fatal("renewal failed")
+		}
+	}
+	last := next(t, g1)
+	if err := g1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * lease) // well within LeaseRetention of the release
+	// The next holder's clock reads a second behind the old holder's.
+	behind := clocktest.New()
+	behind.Advance(clk.Now().Sub(behind.Now()) - time.Second)
+	cfg.Clock = behind
+	g2 := newGen(t, snowflake.ManualHeartbeat(cfg))
+	if id, err := g2.Next(); err == nil && id <= last {
+		t.Fatalf("new holder made %d, not above the old holder's last %d: the floor was gone", id, last)
+	} else if err != nil && !errors.Is(err, snowflake.ErrClockBackwards) {
+		t.Fatalf("new holder's Next: %v, want an id above %d or ErrClockBackwards", err, last)
+	}
+}
+
 // hookLog records OnLeaseLost calls (permanent or not).
 type hookLog struct {
 	mu    sync.Mutex
