@@ -144,7 +144,28 @@ func (l *lease) close(lastUnixMs int64) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := l.store.Release(ctx, l.key, l.token, floorPrefix+strconv.FormatInt(lastUnixMs, 10))
+	floor := floorPrefix + strconv.FormatInt(lastUnixMs, 10)
+	err := l.store.Release(ctx, l.key, l.token, floor)
+	if errors.Is(err, idem.ErrFenced) || errors.Is(err, idem.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("snowflake: release worker %d: %w", l.worker, err)
+	}
+	// The record keeps the floor only until its ExpiresAt, which the claim
+	// set LeaseRetention after it was made and the heartbeats only raised
+	// to the lease's end: a generator older than LeaseRetention would
+	// leave its floor for less than a lease. Claim the released record
+	// again, which sets ExpiresAt LeaseRetention from now, and release it
+	// with the floor. Whoever took it meanwhile has read the floor.
+	cl, err := l.store.Claim(ctx, idem.ClaimRequest{Key: l.key, Lease: l.g.cfg.Lease, TTL: l.g.cfg.LeaseRetention})
+	if err != nil || cl.Outcome != idem.OutcomeAcquired {
+		if err != nil {
+			l.g.cfg.Logger.Warn("snowflake: could not renew the released worker record's retention", "worker", l.worker, "err", err)
+		}
+		return nil
+	}
+	err = l.store.Release(ctx, l.key, cl.Record.Token, floor)
 	if err != nil && !errors.Is(err, idem.ErrFenced) && !errors.Is(err, idem.ErrNotFound) {
 		return fmt.Errorf("snowflake: release worker %d: %w", l.worker, err)
 	}
