@@ -50,23 +50,28 @@ func (s *Store) purgeWhere(table string, b int) string {
 	return "FROM " + table + " WHERE ns = " + s.nsLit + " AND state IN (1,2,3,4) AND expires_at <= " + nowUS + " LIMIT " + strconv.Itoa(b)
 }
 
+// purgeBatch takes its connection apart from its statements (conn), like
+// the claim path: behind a proxy in front of a stopped server the
+// handshake's failure is ErrUnavailable, not the ErrUnknownOutcome a write
+// statement's lost reply is.
 func (s *Store) purgeBatch(ctx context.Context, table string, b int) (int, error) {
-	if !s.cfg.Archive {
-		var n int64
-		err := s.retry(ctx, true, func() error {
-			res, err := s.db.ExecContext(ctx, "DELETE "+s.purgeWhere(table, b))
-			if err != nil {
-				return err
-			}
-			n, err = res.RowsAffected()
-			return err
-		})
-		return int(n), mapErr(err, true)
-	}
 	var n int
 	err := s.retry(ctx, true, func() error {
-		var err error
-		n, err = s.archiveBatch(ctx, table, b)
+		c, err := s.conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if s.cfg.Archive {
+			n, err = s.archiveBatch(ctx, c, table, b)
+			return err
+		}
+		res, err := c.ExecContext(ctx, "DELETE "+s.purgeWhere(table, b))
+		if err != nil {
+			return err
+		}
+		rows, err := res.RowsAffected()
+		n = int(rows)
 		return err
 	})
 	return n, mapErr(err, true)
@@ -81,8 +86,8 @@ func (s *Store) archiveCols() string {
 	return c
 }
 
-func (s *Store) archiveBatch(ctx context.Context, table string, b int) (int, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+func (s *Store) archiveBatch(ctx context.Context, c *sql.Conn, table string, b int) (int, error) {
+	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}

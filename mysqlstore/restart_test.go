@@ -17,7 +17,8 @@ import (
 // TestServerRestart stops a MariaDB of the test's own (SIGKILL, then
 // SIGTERM), directly and behind a TCP proxy, while the store's pool holds
 // 16 idle connections to it:
-//   - while it is down, a Complete and a Claim must fail with ErrUnavailable,
+//   - while it is down, a Complete, a Claim and a Purge (with and without
+//     Archive) must fail with ErrUnavailable,
 //     not ErrUnknownOutcome: nothing was sent. Behind the proxy (as behind
 //     toxiproxy in the chaos harness, or HAProxy) the connection is accepted
 //     and closed, and the handshake's mysql.ErrInvalidConn came out of a
@@ -66,6 +67,17 @@ func TestServerRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
+			// Purge with Archive runs a transaction per batch, not a
+			// statement: it must take its connection apart as well.
+			acfg := mysqlstore.Config{DB: db, Archive: true}
+			if err := mysqlstore.Migrate(ctx, acfg); err != nil {
+				t.Fatal(err)
+			}
+			archived, err := mysqlstore.Open(ctx, acfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer archived.Close()
 
 			// Work on conns goroutines at once, so that the pool holds
 			// conns idle connections; keep the claims to settle later.
@@ -103,6 +115,8 @@ func TestServerRestart(t *testing.T) {
 					_, err := s.Claim(ctx, idem.ClaimRequest{Key: []byte("down"), Lease: time.Hour, TTL: 24 * time.Hour})
 					return err
 				},
+				func() error { _, err := s.Purge(ctx, 0); return err },
+				func() error { _, err := archived.Purge(ctx, 0); return err },
 			} {
 				// A statement sent on a pooled connection before the proxy
 				// noticed the server's death is an honest unknown outcome
@@ -138,6 +152,8 @@ func TestServerRestart(t *testing.T) {
 					return err
 				}},
 				{"Release", func() error { return s.Release(ctx, claims[3].Record.Key, claims[3].Record.Token, "x") }},
+				{"Purge", func() error { _, err := s.Purge(ctx, 0); return err }},
+				{"Purge (Archive)", func() error { _, err := archived.Purge(ctx, 0); return err }},
 			}
 			for _, c := range calls {
 				failed := 0
