@@ -75,8 +75,11 @@ type Conn struct {
 	// list_connections user_provided_name). Default "idem-publisher" /
 	// "idem-subscriber:<queue>".
 	Name string
-	// Heartbeat is the AMQP heartbeat: a peer silent for two of them is
-	// dead. Default 10s.
+	// Heartbeat is the AMQP heartbeat (negotiated: the server's when it
+	// asks for less). The client sends a frame every half of it and takes
+	// the server for dead after 1.5 of it without a frame (amqp091's read
+	// deadline of three half-intervals); RabbitMQ drops a client silent
+	// for two. Default 10s.
 	Heartbeat time.Duration
 	// DialTimeout bounds one TCP connect and handshake. Default 10s.
 	DialTimeout time.Duration
