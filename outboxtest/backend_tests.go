@@ -223,6 +223,29 @@ func (s *suite) testInvalid(t *testing.T) {
 	}
 }
 
+// testLargeEnqueue: one Enqueue call may hold several messages at the
+// payload limit (the limits are per message): they are written in the
+// caller's transaction and round-trip byte for byte. MariaDB's default
+// max_allowed_packet is 16 MiB, which one INSERT of them all exceeds.
+func (s *suite) testLargeEnqueue(t *testing.T) {
+	h := s.harness(t)
+	var in []outbox.Message
+	for i := range 5 {
+		p := bytes.Repeat([]byte{byte(i), 0xff, 0}, outbox.MaxPayloadLen/3)
+		in = append(in, outbox.Message{Topic: "big", Key: []byte{byte(i)}, Payload: p})
+	}
+	got := enqueue(t, h, true, in...)
+	b := claim(t, h, outbox.ClaimRequest{Limit: 10, Now: later()})
+	rows := b.Rows()
+	wantIDs(t, "Claim", ids(rows), got)
+	for i, r := range rows {
+		if !bytes.Equal(r.Payload, in[i].Payload) || !bytes.Equal(r.Key, in[i].Key) {
+			t.Fatalf("row %d: payload of %d bytes, key %q; want %d bytes, key %q", i, len(r.Payload), r.Key, len(in[i].Payload), in[i].Key)
+		}
+	}
+	settle(t, b, sentAll(b, later()))
+}
+
 func (s *suite) testDuplicateID(t *testing.T) {
 	h := s.harness(t)
 	enqueue(t, h, true, outbox.Message{ID: "dup", Topic: "t"})

@@ -81,6 +81,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"EnqueueClaimRoundTrip", s.testRoundTrip},
 		{"GeneratedIDAndTrace", s.testGeneratedID},
 		{"InvalidBeforeIO", s.testInvalid},
+		{"LargeEnqueue", s.testLargeEnqueue},
 		{"DuplicateID", s.testDuplicateID},
 		{"RolledBackPublishesNothing", s.testRollback},
 		{"ClaimOrderLimitSkipLocked", s.testClaimSkipLocked},
