@@ -96,3 +96,36 @@ func TestOrderedNeedsIndex(t *testing.T) {
 		t.Fatalf("ordered claim without the index: %v", err)
 	}
 }
+
+// TestLargeEnqueueAllOrNothing: a call whose messages take several INSERTs
+// (each at most MaxStatement) and whose last one holds a duplicate id
+// fails with ErrDuplicateID and leaves none of its messages, while the
+// transaction goes on with what it wrote before.
+func TestLargeEnqueueAllOrNothing(t *testing.T) {
+	ob, db := newOutbox(t)
+	ctx := ctxT(t)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := ob.Enqueue(ctx, tx, outbox.Message{ID: "keep", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, outbox.MaxPayloadLen)
+	call := []outbox.Message{{ID: "big-1", Topic: "t", Payload: big}, {ID: "big-2", Topic: "t", Payload: big}, {ID: "keep", Topic: "t"}}
+	if _, err := ob.Enqueue(ctx, tx, call...); !errors.Is(err, outbox.ErrDuplicateID) {
+		t.Fatalf("Enqueue with a duplicate in its last statement: %v, want ErrDuplicateID", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := ob.Claim(ctx, outbox.ClaimRequest{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if rows := b.Rows(); len(rows) != 1 || rows[0].ID != "keep" {
+		t.Fatalf("rows %+v, want only the message written before the failed call", rows)
+	}
+}

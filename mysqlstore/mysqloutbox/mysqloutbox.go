@@ -25,6 +25,10 @@ const (
 	DefaultVersionTable = "idem_outbox_schema_versions"
 )
 
+// MaxStatement is the most an Enqueue puts in one INSERT (bytes of SQL);
+// a message at the outbox's limits fits in one.
+const MaxStatement = 12 << 20
+
 // Config configures an Outbox. DB is required.
 type Config struct {
 	// DB is the pool (github.com/go-sql-driver/mysql); the relay holds
@@ -139,26 +143,40 @@ func intList(sb *strings.Builder, vs []int64) {
 }
 
 // Enqueue writes msgs into the outbox inside the caller's transaction tx
-// (one INSERT) and returns their IDs (made by Config.NewID where empty).
-// They become visible to relays when tx commits, and vanish if it rolls
-// back. Invalid messages fail with idem.ErrInvalidArgument before any
-// statement runs; an ID already in the outbox fails with
-// outbox.ErrDuplicateID (MariaDB rolls back that statement only; the
-// transaction goes on).
+// (one INSERT, or several when the messages are large) and returns their
+// IDs (made by Config.NewID where empty). They become visible to relays
+// when tx commits, and vanish if it rolls back. Invalid messages fail with
+// idem.ErrInvalidArgument before any statement runs; an ID already in the
+// outbox fails with outbox.ErrDuplicateID (MariaDB rolls back the call's
+// statements only; the transaction goes on).
+//
+// Values travel as hex literals, twice their size: an INSERT holds at most
+// MaxStatement bytes (a message at the limits takes about 8.2 MiB), so the
+// server's max_allowed_packet must be at least 16 MiB (MariaDB's default;
+// MySQL's is 64 MiB). A call whose messages need several statements runs
+// them under a savepoint, so it is still all or nothing.
 func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...outbox.Message) ([]string, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
 	ids := make([]string, len(msgs))
+	head := "INSERT INTO " + o.tbl + " (id, topic, k, headers, payload, next_attempt_at, created_at, updated_at) VALUES "
+	var stmts []string
 	var sb strings.Builder
-	sb.WriteString("INSERT INTO " + o.tbl + " (id, topic, k, headers, payload, next_attempt_at, created_at, updated_at) VALUES ")
 	for i, raw := range msgs {
 		m, hdr, err := outbox.Prepare(ctx, raw, o.cfg.NewID)
 		if err != nil {
 			return nil, err
 		}
 		ids[i] = m.ID
-		if i > 0 {
+		size := 2*(len(m.ID)+len(m.Topic)+len(m.Key)+len(hdr)+len(m.Payload)) + 3*len(nowUS) + 32
+		if sb.Len() > 0 && sb.Len()+size > MaxStatement {
+			stmts = append(stmts, sb.String())
+			sb.Reset()
+		}
+		if sb.Len() == 0 {
+			sb.WriteString(head)
+		} else {
 			sb.WriteByte(',')
 		}
 		sb.WriteByte('(')
@@ -173,7 +191,23 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *sql.Tx, msgs ...outbox.Message
 		nullHexLit(&sb, m.Payload)
 		sb.WriteString("," + nowUS + "," + nowUS + "," + nowUS + ")") // one value per statement
 	}
-	if _, err := tx.ExecContext(ctx, sb.String()); err != nil {
+	stmts = append(stmts, sb.String())
+	if len(stmts) == 1 {
+		if _, err := tx.ExecContext(ctx, stmts[0]); err != nil {
+			return nil, mapErr(err, true)
+		}
+		return ids, nil
+	}
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT idem_outbox_enqueue"); err != nil {
+		return nil, mapErr(err, true)
+	}
+	for _, q := range stmts {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			_, _ = tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT idem_outbox_enqueue")
+			return nil, mapErr(err, true)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT idem_outbox_enqueue"); err != nil {
 		return nil, mapErr(err, true)
 	}
 	return ids, nil
