@@ -555,10 +555,13 @@ func TestBadInputCLI(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{"unknown scenario", Config{Cells: []Cell{{"nope", "pg", "nats"}}}, "unknown scenario"},
-		{"empty scenario", Config{Cells: []Cell{{"", "pg", "nats"}}}, "unknown scenario"},
-		{"NUL in store", Config{Cells: []Cell{{"kill", "pg\x00", "nats"}}}, "unknown store"},
-		{"invalid UTF-8 broker", Config{Cells: []Cell{{"kill", "pg", "\xff"}}}, "unknown broker"},
+		{"unknown scenario", Config{Cells: []Cell{{Scenario: "nope", Store: "pg", Broker: "nats"}}}, "unknown scenario"},
+		{"empty scenario", Config{Cells: []Cell{{Scenario: "", Store: "pg", Broker: "nats"}}}, "unknown scenario"},
+		{"NUL in store", Config{Cells: []Cell{{Scenario: "kill", Store: "pg\x00", Broker: "nats"}}}, "unknown store"},
+		{"invalid UTF-8 broker", Config{Cells: []Cell{{Scenario: "kill", Store: "pg", Broker: "\xff"}}}, "unknown broker"},
+		{"negative batch", Config{Cells: []Cell{{Scenario: "kill", Store: "pg", Broker: "nats", Batch: -1}}}, "batch -1 outside"},
+		{"huge batch", Config{Cells: []Cell{{Scenario: "kill", Store: "pg", Broker: "nats", Batch: MaxBatch + 1}}}, "batch 1001 outside"},
+		{"huge generated batch", Config{Scenarios: []string{"kill"}, Stores: []string{"pg"}, Brokers: []string{"nats"}, Batch: 1 << 20}, "batch 1048576 outside"},
 		{"too few messages", Config{Messages: 1}, "messages"},
 		{"too many messages", Config{Messages: 10_000_000}, "messages"},
 		{"negative duration", Config{Duration: -time.Second}, "duration"},

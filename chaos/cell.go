@@ -126,6 +126,9 @@ func (c *cell) markPid(pid int, why string) {
 func (r *runner) runCell(ctx context.Context, i int, cl Cell) Result {
 	sc, _ := scenarioByName(cl.Scenario)
 	name := fmt.Sprintf("c%02d_%s_%s_%s", i, strings.ReplaceAll(cl.Scenario, "-", "_"), cl.Store, cl.Broker)
+	if cl.Batch > 0 {
+		name += fmt.Sprintf("_b%d", cl.Batch)
+	}
 	c := &cell{r: r, Cell: cl, idx: i, sc: sc, name: name, dir: filepath.Join(r.dir, name),
 		rng: rand.New(rand.NewPCG(r.seedFor(i), 7)), poison: 500, dupFrac: r.cfg.DupFraction, faultPids: map[int]string{}}
 	if sc.Poison > 0 {
@@ -201,6 +204,7 @@ func (c *cell) setup(ctx context.Context) error {
 		Timing:    c.r.cfg.Timing,
 		Poison:    c.poison,
 		Workers:   c.r.cfg.Workers,
+		Batch:     c.Batch,
 		Store:     StoreSpec{Kind: c.Store, Name: c.name, DBName: ledgerDB},
 	}
 	// The broker.

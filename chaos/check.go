@@ -54,8 +54,8 @@ func (r Result) Line() string {
 	if !r.Pass {
 		v = "FAIL"
 	}
-	s := fmt.Sprintf("%s %s/%s/%s: %d msgs, faults %d/%d hit, dup deliveries %d, dup effects %d, lost %d, %.0f msgs/s",
-		v, r.Scenario, r.Store, r.Broker, r.Messages, r.Hit, r.Injected, r.DupDeliveries, r.DupEffects, r.Lost, r.MsgsPerSec)
+	s := fmt.Sprintf("%s %s: %d msgs, faults %d/%d hit, dup deliveries %d, dup effects %d, lost %d, %.0f msgs/s",
+		v, r.Cell, r.Messages, r.Hit, r.Injected, r.DupDeliveries, r.DupEffects, r.Lost, r.MsgsPerSec)
 	if len(r.Problems) > 0 {
 		s += "; " + strings.Join(r.Problems, "; ")
 	}

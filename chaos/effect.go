@@ -63,31 +63,13 @@ func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) 
 	if i, ok := e2etest.Index(m.ID); ok {
 		// A message held now, for the stall: it waits for another
 		// holder to take this one over.
-		held := int64(i) + 1
-		e.ctr.Set(shm.HeldIdx, held)
-		defer e.ctr.CompareAndSwap(shm.HeldIdx, held, 0)
-		switch {
-		case isPermanent(i, e.spec.Poison):
-			e.ctr.Add(shm.Poisoned, 1)
-			return nil, idem.Permanent(errPoison)
-		case isPoison(i, e.spec.Poison):
-			e.ctr.Add(shm.Poisoned, 1)
-			return nil, errPoison
-		case e2etest.Flaky(i):
-			if _, again := e.tried.LoadOrStore(m.ID, true); !again {
-				e.ctr.Add(shm.Flaked, 1)
-				return nil, errFlaky
-			}
+		defer e.holding(i)()
+		if err := e.fails(i, m); err != nil {
+			return nil, err
 		}
 	}
-	if d := time.Duration(e.spec.Timing.EffectDelay); d > 0 {
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		}
+	if err := e.delay(ctx); err != nil {
+		return nil, err
 	}
 	key, _ := consumer.KeyFromContext(ctx)
 	token, ok := consumer.TokenFromContext(ctx)
@@ -105,6 +87,52 @@ func (e *effect) handle(ctx context.Context, m *broker.Message) ([]byte, error) 
 	}
 	e.ran.Store(m, true)
 	return nil, nil
+}
+
+// holding records message i as one this process holds now (for the
+// stall: it waits for another holder to take it over); the function
+// returned forgets it.
+func (e *effect) holding(i int) func() {
+	held := int64(i) + 1
+	e.ctr.Set(shm.HeldIdx, held)
+	return func() { e.ctr.CompareAndSwap(shm.HeldIdx, held, 0) }
+}
+
+// fails is the handler's failure for message i, m: poison messages always
+// fail (half of them with idem.Permanent), flaky ones the first time this
+// process runs them.
+func (e *effect) fails(i int, m *broker.Message) error {
+	switch {
+	case isPermanent(i, e.spec.Poison):
+		e.ctr.Add(shm.Poisoned, 1)
+		return idem.Permanent(errPoison)
+	case isPoison(i, e.spec.Poison):
+		e.ctr.Add(shm.Poisoned, 1)
+		return errPoison
+	case e2etest.Flaky(i):
+		if _, again := e.tried.LoadOrStore(m.ID, true); !again {
+			e.ctr.Add(shm.Flaked, 1)
+			return errFlaky
+		}
+	}
+	return nil
+}
+
+// delay takes the effect's time (Timing.EffectDelay), so that claims are
+// in flight when faults strike.
+func (e *effect) delay(ctx context.Context) error {
+	d := time.Duration(e.spec.Timing.EffectDelay)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // unrecorded records that this process acked m with its completion
@@ -166,45 +194,59 @@ func (e *effect) tx(ctx context.Context, m *broker.Message, key []byte, token ui
 // and never completed its claim (crashed, stalled): the effect is not
 // applied again, and the re-run is recorded for the harness to check.
 func (e *effect) fenced(ctx context.Context, m *broker.Message, token uint64) error {
-	tok := strconv.FormatUint(token, 10)
 	outcome := ""
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		outcome = ""
-		tag, err := tx.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.fence (msg_id, token, pid) VALUES ($1, $2::numeric, $3) ON CONFLICT (msg_id) DO NOTHING`,
-			m.ID, tok, e.pid)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 1 {
-			outcome = "applied"
-			return e.insert(ctx, tx, m, token)
-		}
-		var oldTok string
-		var oldPid int
-		var oldAt time.Time
-		if err := tx.QueryRow(ctx, `SELECT token::text, pid, at FROM `+e.spec.Schema+`.fence WHERE msg_id = $1 FOR UPDATE`, m.ID).Scan(&oldTok, &oldPid, &oldAt); err != nil {
-			return err
-		}
-		old, err := strconv.ParseUint(oldTok, 10, 64)
-		if err != nil {
-			return err
-		}
-		switch {
-		case old > token:
-			outcome = "fenced"
-			return fmt.Errorf("chaos: effect refused: %w (token %d, key's fence at %d)", idem.ErrFenced, token, old)
-		case old == token:
-			outcome = "mine"
-			return nil
-		}
-		outcome = "rerun"
-		if _, err := tx.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.rerun (msg_id, old_token, old_pid, old_at, token, pid) VALUES ($1, $2::numeric, $3, $4, $5::numeric, $6)`,
-			m.ID, oldTok, oldPid, oldAt, tok, e.pid); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `UPDATE `+e.spec.Schema+`.fence SET token = $2::numeric, pid = $3, at = clock_timestamp() WHERE msg_id = $1`, m.ID, tok, e.pid)
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) (err error) {
+		outcome, err = e.fence(ctx, tx, m, token)
 		return err
 	})
+	e.count(outcome, err)
+	if err == nil {
+		e.crash.at(AfterEffect)
+	}
+	return err
+}
+
+// fence applies m's effect under token in tx, as fenced describes, and
+// says what it did: applied; mine (an earlier try of this claim
+// committed); rerun (a previous holder's effect found, recorded); or
+// fenced (a newer holder's found: nothing written, and an error wrapping
+// idem.ErrFenced). Any other error leaves tx to roll back.
+func (e *effect) fence(ctx context.Context, tx pgx.Tx, m *broker.Message, token uint64) (string, error) {
+	tok := strconv.FormatUint(token, 10)
+	tag, err := tx.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.fence (msg_id, token, pid) VALUES ($1, $2::numeric, $3) ON CONFLICT (msg_id) DO NOTHING`,
+		m.ID, tok, e.pid)
+	if err != nil {
+		return "", err
+	}
+	if tag.RowsAffected() == 1 {
+		return "applied", e.insert(ctx, tx, m, token)
+	}
+	var oldTok string
+	var oldPid int
+	var oldAt time.Time
+	if err := tx.QueryRow(ctx, `SELECT token::text, pid, at FROM `+e.spec.Schema+`.fence WHERE msg_id = $1 FOR UPDATE`, m.ID).Scan(&oldTok, &oldPid, &oldAt); err != nil {
+		return "", err
+	}
+	old, err := strconv.ParseUint(oldTok, 10, 64)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case old > token:
+		return "fenced", fmt.Errorf("chaos: effect refused: %w (token %d, key's fence at %d)", idem.ErrFenced, token, old)
+	case old == token:
+		return "mine", nil
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+e.spec.Schema+`.rerun (msg_id, old_token, old_pid, old_at, token, pid) VALUES ($1, $2::numeric, $3, $4, $5::numeric, $6)`,
+		m.ID, oldTok, oldPid, oldAt, tok, e.pid); err != nil {
+		return "", err
+	}
+	_, err = tx.Exec(ctx, `UPDATE `+e.spec.Schema+`.fence SET token = $2::numeric, pid = $3, at = clock_timestamp() WHERE msg_id = $1`, m.ID, tok, e.pid)
+	return "rerun", err
+}
+
+// count counts what fence did, once its transaction ended with err.
+func (e *effect) count(outcome string, err error) {
 	switch {
 	case outcome == "fenced":
 		e.ctr.Add(shm.Fenced, 1)
@@ -214,8 +256,4 @@ func (e *effect) fenced(ctx context.Context, m *broker.Message, token uint64) er
 	default:
 		e.ctr.Add(shm.Reruns, 1)
 	}
-	if err == nil {
-		e.crash.at(AfterEffect)
-	}
-	return err
 }

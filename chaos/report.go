@@ -13,14 +13,18 @@ import (
 // lost, msgs/s; then each cell's faults and problems.
 func WriteTable(w io.Writer, rs []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstore\tbroker\tmessages\tfaults (hit)\tdup deliveries\tdup effects\tlost\treruns after fault\tfenced\tdead letters\tunrecorded (reruns)\tmsgs/s\tresult\t")
+	fmt.Fprintln(tw, "scenario\tstore\tbroker\tbatch\tmessages\tfaults (hit)\tdup deliveries\tdup effects\tlost\treruns after fault\tfenced\tdead letters\tunrecorded (reruns)\tmsgs/s\tresult\t")
 	var tot Result
 	for _, r := range rs {
 		v := "pass"
 		if !r.Pass {
 			v = "FAIL"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t%s\t\n", r.Scenario, r.Store, r.Broker, r.Messages,
+		batch := "-"
+		if r.Batch > 0 {
+			batch = fmt.Sprint(r.Batch)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t%s\t\n", r.Scenario, r.Store, r.Broker, batch, r.Messages,
 			r.Injected, r.Hit, r.DupDeliveries, r.DupEffects, r.Lost, r.Reruns, r.Fenced, r.DeadLettered, r.Unrecorded, r.RerunsUnrecorded, r.MsgsPerSec, v)
 		tot.Messages += r.Messages
 		tot.Injected += r.Injected
@@ -40,7 +44,7 @@ func WriteTable(w io.Writer, rs []Result) error {
 		if tot.Elapsed > 0 {
 			rate = float64(tot.Messages) / tot.Elapsed
 		}
-		fmt.Fprintf(tw, "total\t\t\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t\t\n", tot.Messages, tot.Injected, tot.Hit,
+		fmt.Fprintf(tw, "total\t\t\t\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t\t\n", tot.Messages, tot.Injected, tot.Hit,
 			tot.DupDeliveries, tot.DupEffects, tot.Lost, tot.Reruns, tot.Fenced, tot.DeadLettered, tot.Unrecorded, tot.RerunsUnrecorded, rate)
 	}
 	if err := tw.Flush(); err != nil {
@@ -50,7 +54,7 @@ func WriteTable(w io.Writer, rs []Result) error {
 		if len(r.Faults) == 0 && len(r.Problems) == 0 && r.DeadLetterRepublished == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s / %s / %s (seed %d):\n", r.Scenario, r.Store, r.Broker, r.Seed)
+		fmt.Fprintf(w, "\n%s (seed %d):\n", strings.ReplaceAll(r.Cell.String(), "/", " / "), r.Seed)
 		for _, f := range r.Faults {
 			hit := "hit"
 			if !f.Hit {

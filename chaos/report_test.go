@@ -9,15 +9,17 @@ import (
 
 func TestReport(t *testing.T) {
 	rs := []Result{
-		{Cell: Cell{"kill", "pg", "nats"}, Messages: 100, Injected: 2, Hit: 2, DupDeliveries: 7, MsgsPerSec: 12.5, Pass: true,
+		{Cell: Cell{Scenario: "kill", Store: "pg", Broker: "nats"}, Messages: 100, Injected: 2, Hit: 2, DupDeliveries: 7, MsgsPerSec: 12.5, Pass: true,
 			Faults: []Fault{{Kind: "sigkill", Target: "consumer-0", Hit: true, Evidence: "held 3"}}},
-		{Cell: Cell{"outage", "redis", "nats"}, Messages: 100, Injected: 1, Lost: 1, Problems: []string{"1 messages lost"}},
+		{Cell: Cell{Scenario: "outage", Store: "redis", Broker: "nats"}, Messages: 100, Injected: 1, Lost: 1, Problems: []string{"1 messages lost"}},
+		{Cell: Cell{Scenario: "stall", Store: "bolt", Broker: "kafka", Batch: 50}, Messages: 100, Pass: true,
+			Faults: []Fault{{Kind: "sigstop", Target: "consumer-1", Hit: true, Evidence: "held 50"}}},
 	}
 	var tb bytes.Buffer
 	if err := WriteTable(&tb, rs); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"dup deliveries", "dup effects", "lost", "msgs/s", "unrecorded (reruns)", "FAIL", "pass", "total", "held 3", "problem: 1 messages lost"} {
+	for _, want := range []string{"batch", "stall / bolt / kafka / batch50 (seed", "dup deliveries", "dup effects", "lost", "msgs/s", "unrecorded (reruns)", "FAIL", "pass", "total", "held 3", "problem: 1 messages lost"} {
 		if !strings.Contains(tb.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, tb.String())
 		}
@@ -39,7 +41,13 @@ func TestReport(t *testing.T) {
 	if back[1]["pass"] != false || back[1]["lost"] != float64(1) {
 		t.Fatalf("second result %v", back[1])
 	}
-	if !strings.HasPrefix(rs[1].Line(), "FAIL outage/redis/nats") {
+	if !strings.HasPrefix(rs[1].Line(), "FAIL outage/redis/nats:") {
 		t.Fatal(rs[1].Line())
+	}
+	if !strings.HasPrefix(rs[2].Line(), "PASS stall/bolt/kafka/batch50:") || back[2]["batch"] != float64(50) {
+		t.Fatalf("%s; %v", rs[2].Line(), back[2])
+	}
+	if _, ok := back[0]["batch"]; ok {
+		t.Fatalf("a single-mode cell's JSON has a batch: %v", back[0])
 	}
 }

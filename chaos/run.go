@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,7 +27,44 @@ type Cell struct {
 	Scenario string `json:"scenario"`
 	Store    string `json:"store"`
 	Broker   string `json:"broker"`
+	// Batch is the consumers' batch size: 0 runs them one message at a
+	// time (consumer.Config.Handler); n > 0 in batch mode
+	// (consumer.BatchConfig.Size n): a BatchHandler whose effects commit
+	// in one ledger transaction per batch, or, on PostgreSQL, a
+	// TxBatchHandler (pgstore.TxBatchHandler) that claims, applies and
+	// completes the batch in one transaction.
+	Batch int `json:"batch,omitempty"`
 }
+
+// String is scenario/store/broker, with /batchN in batch mode.
+func (c Cell) String() string {
+	s := c.Scenario + "/" + c.Store + "/" + c.Broker
+	if c.Batch > 0 {
+		s += fmt.Sprintf("/batch%d", c.Batch)
+	}
+	return s
+}
+
+// ParseCell reads a Cell as String writes it: scenario/store/broker, or
+// scenario/store/broker/batchN. The names are not checked (Validate does).
+func ParseCell(s string) (Cell, error) {
+	p := strings.Split(s, "/")
+	if len(p) != 3 && len(p) != 4 {
+		return Cell{}, fmt.Errorf("bad cell %q: want scenario/store/broker or scenario/store/broker/batchN", s)
+	}
+	c := Cell{Scenario: p[0], Store: p[1], Broker: p[2]}
+	if len(p) == 4 {
+		n, err := strconv.Atoi(strings.TrimPrefix(p[3], "batch"))
+		if err != nil || !strings.HasPrefix(p[3], "batch") || n <= 0 {
+			return Cell{}, fmt.Errorf("bad cell %q: the fourth part is batchN, N > 0", s)
+		}
+		c.Batch = n
+	}
+	return c, nil
+}
+
+// MaxBatch bounds Cell.Batch.
+const MaxBatch = 1000
 
 // NeedsNetNS reports whether the cell's scenario cuts the workers'
 // network off (partition, and mixed, which includes it): a run with such a
@@ -42,6 +80,9 @@ type Config struct {
 	Scenarios []string
 	Stores    []string
 	Brokers   []string
+	// Batch is Cell.Batch of the cells made from Scenarios, Stores and
+	// Brokers (Cells keep their own).
+	Batch int
 
 	Messages  int           // originals published per cell (default 2000)
 	Duration  time.Duration // the fault loop of each cell (default 20s)
@@ -119,7 +160,7 @@ func (c Config) withDefaults() Config {
 		for _, sc := range c.Scenarios {
 			for _, st := range c.Stores {
 				for _, br := range c.Brokers {
-					c.Cells = append(c.Cells, Cell{sc, st, br})
+					c.Cells = append(c.Cells, Cell{Scenario: sc, Store: st, Broker: br, Batch: c.Batch})
 				}
 			}
 		}
@@ -140,6 +181,9 @@ func (c Config) Validate() error {
 		}
 		if !slices.Contains(Brokers, cl.Broker) {
 			errs = append(errs, fmt.Errorf("unknown broker %q (have %s)", cl.Broker, strings.Join(Brokers, ", ")))
+		}
+		if cl.Batch < 0 || cl.Batch > MaxBatch {
+			errs = append(errs, fmt.Errorf("cell %s: batch %d outside [0, %d]", cl, cl.Batch, MaxBatch))
 		}
 	}
 	if c.Messages < 100 || c.Messages > 9_999_999 {

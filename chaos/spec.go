@@ -84,6 +84,9 @@ type Spec struct {
 	// Workers is each consumer's handler concurrency (consumer.Config.Workers;
 	// 0: its default, 16).
 	Workers int `json:"workers,omitempty"`
+	// Batch is the consumer's batch size (Cell.Batch; 0: one message at a
+	// time).
+	Batch int `json:"batch,omitempty"`
 }
 
 // BrokerSpec says where the messages are.

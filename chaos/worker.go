@@ -233,6 +233,11 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 		Workers:         spec.Workers,
 		Logger:          log,
 	}
+	if spec.Batch > 0 {
+		if err := eff.batchHandlers(&cfg, spec); err != nil {
+			return err
+		}
+	}
 	if d := spec.Timing.StoreDownDelay; d > 0 {
 		cfg.StoreDownDelay = time.Duration(d)
 	}

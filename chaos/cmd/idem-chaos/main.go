@@ -5,6 +5,7 @@
 // exactly once. See docs/reliability.md.
 //
 //	go run ./chaos/cmd/idem-chaos -stores pg,redis -brokers nats -scenarios kill,stall -messages 5000
+//	go run ./chaos/cmd/idem-chaos -cells stall/bolt/nats/batch50,kill/pg/kafka -batch 20
 package main
 
 import (
@@ -38,7 +39,7 @@ func run() int {
 		scenarios = flag.String("scenarios", "", "comma-separated scenarios (default all): "+strings.Join(chaos.ScenarioNames(), ","))
 		stores    = flag.String("stores", "", "comma-separated stores (default all): "+strings.Join(chaos.Stores, ","))
 		brokers   = flag.String("brokers", "", "comma-separated brokers (default all): "+strings.Join(chaos.Brokers, ","))
-		cells     = flag.String("cells", "", "explicit cells scenario/store/broker, comma-separated (overrides the three above)")
+		cells     = flag.String("cells", "", "explicit cells scenario/store/broker[/batchN], comma-separated (overrides the three above)")
 		jsonOut   = flag.Bool("json", false, "print the results as JSON instead of a table")
 		jsonFile  = flag.String("json-file", "", "also write the results as JSON to this file")
 		timing    = flag.String("timing", "fast", "fast (3s lease, 5s ack wait, 3s session) or defaults (the library's and adapters' defaults)")
@@ -51,6 +52,7 @@ func run() int {
 	flag.Uint64Var(&cfg.Seed, "seed", 0, "seed (default: from the clock; printed)")
 	flag.IntVar(&cfg.Consumers, "consumers", 3, "consumer processes")
 	flag.IntVar(&cfg.Relays, "relays", 2, "outbox relay processes")
+	flag.IntVar(&cfg.Batch, "batch", 0, "consumers in batch mode with batches of up to this many messages (BatchHandler; TxBatchHandler on pg), for every cell without its own /batchN (0: one message at a time)")
 	flag.IntVar(&cfg.Workers, "workers", 0, "handler concurrency of each consumer process (0: the consumer runtime's default, 16)")
 	flag.IntVar(&cfg.MaxCrashes, "max-crashes", 6, "named-crash-point deaths per cell")
 	flag.BoolVar(&cfg.Strict, "strict", false, "a fault that hit no in-flight work fails its cell (CI)")
@@ -66,13 +68,16 @@ func run() int {
 		return 0
 	}
 	cfg.Scenarios, cfg.Stores, cfg.Brokers = split(*scenarios), split(*stores), split(*brokers)
-	for _, c := range split(*cells) {
-		p := strings.Split(c, "/")
-		if len(p) != 3 {
-			fmt.Fprintf(os.Stderr, "bad cell %q: want scenario/store/broker\n", c)
+	for _, s := range split(*cells) {
+		c, err := chaos.ParseCell(s)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
-		cfg.Cells = append(cfg.Cells, chaos.Cell{Scenario: p[0], Store: p[1], Broker: p[2]})
+		if c.Batch == 0 {
+			c.Batch = cfg.Batch
+		}
+		cfg.Cells = append(cfg.Cells, c)
 	}
 	switch *timing {
 	case "fast":
