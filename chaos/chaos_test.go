@@ -21,7 +21,8 @@ func TestMain(m *testing.M) {
 
 // ciCells: every scenario once, and one mixed cell, spread over the embedded store
 // (bolt, in a store-server process), PostgreSQL and Redis, and over NATS
-// and Kafka (kfake in this process, reached over TCP).
+// and Kafka (kfake in this process, reached over TCP), with the consumers
+// one message at a time; then two cells in batch mode.
 var ciCells = []chaos.Cell{
 	{Scenario: "kill", Store: "pg", Broker: "nats"},
 	{Scenario: "crash-after-claim", Store: "bolt", Broker: "kafka"},
@@ -43,6 +44,13 @@ var ciCells = []chaos.Cell{
 	// with Kafka's dead-letter topic (no dedup by id); the check counts a
 	// same-process re-run and a dead letter published twice.
 	{Scenario: "mixed", Store: "redis", Broker: "kafka"},
+	// Batch mode (Cell.Batch): the store server killed under the batch
+	// consumer's ClaimBatch, CompleteBatch and heartbeat ExtendBatch
+	// (remotestore forwards each as one call), effects fenced per message
+	// in one ledger transaction; and pgstore.TxBatchHandler with its
+	// consumers killing themselves inside the batch's transaction.
+	{Scenario: "store-restart", Store: "bolt", Broker: "nats", Batch: 50},
+	{Scenario: "crash-after-effect", Store: "pg", Broker: "kafka", Batch: 50},
 }
 
 // workerBinary builds the harness command without the race detector for
@@ -91,7 +99,9 @@ func halves(cells []chaos.Cell) (a, b []chaos.Cell) {
 // TestShortPass is CI's chaos pass: each scenario once (SIGKILLs, the
 // four crash points, a stall past the lease, store and broker restarts,
 // proxy faults, a partition, an outage longer than every retry and
-// delivery limit, clock steps, poison messages) on real processes, with
+// delivery limit, clock steps, poison messages) on real processes, and
+// two cells with the consumers in batch mode (a store-server restart on
+// bolt, crashes inside pgstore's transactional batch), with
 // 1,500 messages per cell, 20% published twice. It fails on any duplicate
 // effect, any loss, any poison message not dead-lettered exactly once,
 // any key left in progress, and any fault that hit no in-flight work.

@@ -121,18 +121,10 @@ func (e *effect) fails(i int, m *broker.Message) error {
 // delay takes the effect's time (Timing.EffectDelay), so that claims are
 // in flight when faults strike.
 func (e *effect) delay(ctx context.Context) error {
-	d := time.Duration(e.spec.Timing.EffectDelay)
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if d := time.Duration(e.spec.Timing.EffectDelay); d > 0 && !sleepCtx(ctx, d) {
 		return ctx.Err()
 	}
+	return nil
 }
 
 // unrecorded records that this process acked m with its completion

@@ -51,3 +51,19 @@ func TestReport(t *testing.T) {
 		t.Fatalf("a single-mode cell's JSON has a batch: %v", back[0])
 	}
 }
+
+// TestParseCell: -cells reads what Cell.String writes; a fourth part
+// other than batchN (N > 0) is refused.
+func TestParseCell(t *testing.T) {
+	for _, c := range []Cell{{Scenario: "kill", Store: "pg", Broker: "nats"}, {Scenario: "stall", Store: "bolt", Broker: "kafka", Batch: 50}} {
+		got, err := ParseCell(c.String())
+		if err != nil || got != c {
+			t.Fatalf("ParseCell(%q) = %+v, %v", c.String(), got, err)
+		}
+	}
+	for _, bad := range []string{"kill/pg", "kill/pg/nats/50", "kill/pg/nats/batch", "kill/pg/nats/batch0", "kill/pg/nats/batch-3", "kill/pg/nats/batch5/x", "kill/pg/nats/xbatch5"} {
+		if c, err := ParseCell(bad); err == nil {
+			t.Fatalf("ParseCell(%q) = %+v, want an error", bad, c)
+		}
+	}
+}
