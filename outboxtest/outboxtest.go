@@ -33,6 +33,10 @@ type Harness struct {
 	// publishing (SQL: its connection closed without a commit). Nil: the
 	// suite calls b.Release, which a crash must be equivalent to.
 	Crash func(b outbox.Batch)
+	// BreakHeaders overwrites the stored headers of the committed row id
+	// with bytes that do not decode, as another program writing the table
+	// (or damage) could. Nil: the suite skips MalformedRowFailsAlone.
+	BreakHeaders func(t testing.TB, id string)
 }
 
 // Factory makes a fresh, empty outbox for t and registers its cleanup.
@@ -102,6 +106,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"BackoffSchedule", s.testBackoffSchedule},
 		{"FailedAfterMaxAttempts", s.testFailedHook},
 		{"OneBadMessage", s.testOneBadMessage},
+		{"MalformedRowFailsAlone", s.testMalformedRow},
 		{"BrokerOutage", s.testBrokerOutage},
 		{"OrderedRelay", s.testOrderedRelay},
 		{"StatsHook", s.testStatsHook},

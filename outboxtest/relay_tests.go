@@ -318,6 +318,38 @@ func (s *suite) testOneBadMessage(t *testing.T) {
 	}
 }
 
+// testMalformedRow: a stored row that cannot be read as a message (its
+// headers do not decode) stops nothing: the claim returns it with Row.Bad
+// set, and the relay marks it failed at once (no attempt can mend it),
+// raising OnFailed, while the rows around it are published. A claim that
+// failed on it would stop every relay of the outbox for ever, with only
+// OnError("claim") to say so.
+func (s *suite) testMalformedRow(t *testing.T) {
+	h := s.harness(t)
+	if h.BreakHeaders == nil {
+		t.Skip("the harness cannot damage a stored row")
+	}
+	all := enqueue(t, h, true, msgs(3)...)
+	h.BreakHeaders(t, all[1])
+	rec := NewRecorder()
+	var failed []outbox.FailedEvent
+	relay := newRelay(t, outbox.Config{Backend: h.Backend, Publisher: rec,
+		Hooks: outbox.Hooks{OnFailed: func(_ context.Context, e outbox.FailedEvent) { failed = append(failed, e) }}})
+	if n, err := relay.RunOnce(ctxT(t)); n != 3 || err != nil {
+		t.Fatalf("RunOnce = %d, %v; want the 3 rows claimed", n, err)
+	}
+	if rec.Count(all[0]) != 1 || rec.Count(all[1]) != 0 || rec.Count(all[2]) != 1 {
+		t.Fatalf("published %d, %d, %d times; want the good rows once, the malformed one never", rec.Count(all[0]), rec.Count(all[1]), rec.Count(all[2]))
+	}
+	if len(failed) != 1 || failed[0].Row.ID != all[1] || failed[0].Row.Attempts != 1 {
+		t.Fatalf("OnFailed events %+v, want one for %s after its first attempt", failed, all[1])
+	}
+	rows, err := h.Backend.ListFailed(ctxT(t), 0, 10)
+	if err != nil || len(rows) != 1 || rows[0].ID != all[1] || rows[0].LastError == "" {
+		t.Fatalf("failed rows %+v, %v; want %s, with its error", rows, err, all[1])
+	}
+}
+
 // testBrokerOutage: the broker is down for longer than the whole backoff.
 // With the default attempts every message ends failed (each reported to
 // OnFailed), none is lost: re-queued after the outage, all are published,

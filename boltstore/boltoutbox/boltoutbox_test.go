@@ -56,6 +56,12 @@ func TestConformance(t *testing.T) {
 				}
 				return boltTx{ob, tx}, nil
 			},
+			BreakHeaders: func(t testing.TB, id string) {
+				t.Helper()
+				if err := boltoutbox.BreakHeaders(db, boltoutbox.DefaultBucket, id); err != nil {
+					t.Fatal(err)
+				}
+			},
 		}
 	}, outboxtest.Features{})
 }

@@ -76,6 +76,12 @@ func TestConformance(t *testing.T) {
 				return myTx{ob, tx}, nil
 			},
 			Crash: mysqloutbox.CrashBatch(db),
+			BreakHeaders: func(t testing.TB, id string) {
+				t.Helper()
+				if _, err := db.ExecContext(ctxT(t), "UPDATE outbox SET headers = X'FF' WHERE id = ?", id); err != nil {
+					t.Fatal(err)
+				}
+			},
 		}
 	}, outboxtest.Features{ConcurrentTx: true})
 }

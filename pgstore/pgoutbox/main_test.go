@@ -159,5 +159,11 @@ func harness(t testing.TB, mod func(c *pgoutbox.Config)) outboxtest.Harness {
 			return pgTx{ob, tx}, nil
 		},
 		Crash: pgoutbox.CrashBatch,
+		BreakHeaders: func(t testing.TB, id string) {
+			t.Helper()
+			if _, err := cfg.Pool.Exec(ctxT(t), "UPDATE "+pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()+` SET headers = '\xff'::bytea WHERE id = $1`, id); err != nil {
+				t.Fatal(err)
+			}
+		},
 	}
 }
