@@ -40,6 +40,10 @@ import (
 //     sent or failed. Rows with an empty Key are not ordered.
 //   - A claim that finds nothing returns an empty batch (Settle and Release
 //     are no-ops on it).
+//   - A stored row that cannot be read as a message (its headers do not
+//     decode) is returned with Row.Bad set, never made an error of the
+//     claim: one such row must not stop every relay. ListFailed does the
+//     same.
 //
 // PurgeSent removes up to limit rows with StatusSent whose UpdatedAt is
 // before before, in small statements, skipping rows another purge holds,

@@ -74,6 +74,11 @@ type Row struct {
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	LastError     string
+	// Bad, when set, says why the stored row cannot be published as it
+	// is (headers that do not decode: a row written by another program,
+	// or damaged). The backend returns such a row rather than failing
+	// the claim; the relay marks it failed at once.
+	Bad string
 }
 
 // Errors of outbox backends, besides idem.ErrInvalidArgument (a message

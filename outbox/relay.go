@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -373,9 +374,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	start := r.clockNow()
-	errs := r.publish(ctx, rows)
+	errs, failed := r.publishGood(ctx, rows)
 	at := r.clockNow()
-	if ctx.Err() != nil && errs != nil {
+	if ctx.Err() != nil && failed {
 		// Shut down mid-publish: the failures say nothing about the
 		// messages. Free them all (Release, deferred); published ones are
 		// published again by the next relay.
@@ -396,7 +397,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		msg := TruncateError(errs[i].Error())
 		row.LastError = msg
-		if r.cfg.MaxAttempts != Unlimited && row.Attempts >= r.cfg.MaxAttempts {
+		if row.Bad != "" || r.cfg.MaxAttempts != Unlimited && row.Attempts >= r.cfg.MaxAttempts {
 			s.Failed = append(s.Failed, Failure{Seq: row.Seq, Err: msg})
 			row.Status = StatusFailed
 			fails = append(fails, FailedEvent{Row: row, Err: errs[i]})
@@ -433,6 +434,35 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 }
 
 var errNotTried = errors.New("outbox: not published before the publish timeout")
+
+// publishGood publishes the rows that are not Bad (publish) and fails the
+// Bad ones without trying. It returns nil when every row was published,
+// else one error per row, and whether publishing (not a Bad row) failed.
+func (r *Relay) publishGood(ctx context.Context, rows []Row) ([]error, bool) {
+	if !slices.ContainsFunc(rows, func(row Row) bool { return row.Bad != "" }) {
+		errs := r.publish(ctx, rows)
+		return errs, errs != nil
+	}
+	errs := make([]error, len(rows))
+	var good []Row
+	var at []int // good[j] is rows[at[j]]
+	for i, row := range rows {
+		if row.Bad != "" {
+			errs[i] = fmt.Errorf("outbox: stored row %d cannot be published: %s", row.Seq, row.Bad)
+			continue
+		}
+		good = append(good, row)
+		at = append(at, i)
+	}
+	if len(good) == 0 {
+		return errs, false
+	}
+	perr := r.publish(ctx, good)
+	for j, err := range perr {
+		errs[at[j]] = err
+	}
+	return errs, perr != nil
+}
 
 // publish sends the rows as one batch; when that fails it sends them one
 // by one within what is left of PublishTimeout, so one bad message does not

@@ -345,8 +345,8 @@ func (s *suite) testMalformedRow(t *testing.T) {
 		t.Fatalf("OnFailed events %+v, want one for %s after its first attempt", failed, all[1])
 	}
 	rows, err := h.Backend.ListFailed(ctxT(t), 0, 10)
-	if err != nil || len(rows) != 1 || rows[0].ID != all[1] || rows[0].LastError == "" {
-		t.Fatalf("failed rows %+v, %v; want %s, with its error", rows, err, all[1])
+	if err != nil || len(rows) != 1 || rows[0].ID != all[1] || rows[0].LastError == "" || rows[0].Bad == "" {
+		t.Fatalf("failed rows %+v, %v; want %s, with its error and Bad", rows, err, all[1])
 	}
 }
 

@@ -77,8 +77,13 @@ func decodeRow(b []byte) (*row, error) {
 }
 
 func (r *row) outboxRow(seq uint64) outbox.Row {
-	h, _ := outbox.DecodeHeaders(r.headers) // written by Prepare's encoder
+	h, err := outbox.DecodeHeaders(r.headers) // written by Prepare's encoder, unless damaged
+	bad := ""
+	if err != nil {
+		bad = err.Error() // the relay fails it
+	}
 	return outbox.Row{
+		Bad:     bad,
 		Message: outbox.Message{ID: string(r.id), Topic: string(r.topic), Key: r.key, Headers: h, Payload: r.payload},
 		Seq:     int64(seq), Status: r.status, Attempts: int(r.attempts),
 		NextAttemptAt: time.Unix(0, r.next), CreatedAt: time.Unix(0, r.created), UpdatedAt: time.Unix(0, r.updated),

@@ -284,7 +284,7 @@ func scanRows(rows *sql.Rows) ([]outbox.Row, error) {
 		}
 		h, err := outbox.DecodeHeaders(hdr)
 		if err != nil {
-			return nil, fmt.Errorf("mysqloutbox: row %d: %w", r.Seq, err)
+			r.Bad = err.Error() // the relay fails it; the claim goes on
 		}
 		r.ID, r.Topic, r.Headers, r.LastError = string(id), string(topic), h, string(lastErr)
 		r.NextAttemptAt, r.CreatedAt, r.UpdatedAt = time.UnixMicro(next).UTC(), time.UnixMicro(created).UTC(), time.UnixMicro(updated).UTC()

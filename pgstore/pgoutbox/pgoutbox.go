@@ -414,7 +414,7 @@ func scanRows(rows pgx.Rows) ([]outbox.Row, error) {
 		}
 		h, err := outbox.DecodeHeaders(hdr)
 		if err != nil {
-			return nil, fmt.Errorf("pgoutbox: row %d: %w", r.Seq, err)
+			r.Bad = err.Error() // the relay fails it; the claim goes on
 		}
 		r.Headers = h
 		if len(r.Key) == 0 {
