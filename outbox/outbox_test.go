@@ -43,6 +43,11 @@ func TestBackoffSeedSchedule(t *testing.T) {
 	if got := noJitter.Delay(1, 0.9); got != time.Second {
 		t.Errorf("no jitter: %s", got)
 	}
+	// A Max whose delay (plus jitter) overflows a Duration came out
+	// negative: the row was due at once, a hot retry loop.
+	if d := (outbox.Backoff{Max: 200 * 365 * 24 * time.Hour, Multiplier: 1e300, Jitter: 1}).Delay(2, 0.99); d <= 0 {
+		t.Errorf("a 200-year Max gave a delay of %s", d)
+	}
 	for _, bad := range []outbox.Backoff{{Initial: time.Microsecond}, {Multiplier: 0.5}, {Initial: 2 * time.Second, Max: time.Second}, {Jitter: 2}} {
 		if err := bad.Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
 			t.Errorf("%+v: %v", bad, err)
