@@ -18,6 +18,11 @@ type Backoff struct {
 	Jitter float64
 }
 
+// MaxBackoff is the largest Backoff.Max a relay accepts: a longer wait is
+// an operator's matter (MaxAttempts, then Requeue), and with the jitter it
+// stays far from what a Duration or a backend's clock arithmetic holds.
+const MaxBackoff = 24 * time.Hour
+
 // Seed 000's schedule.
 const (
 	DefaultBackoffInitial    = time.Second
@@ -55,6 +60,8 @@ func (b Backoff) Validate() error {
 		return invalid("backoff multiplier %v < 1", b.Multiplier)
 	case b.Max < b.Initial:
 		return invalid("backoff max %s < initial %s", b.Max, b.Initial)
+	case b.Max > MaxBackoff:
+		return invalid("backoff max %s > %s", b.Max, MaxBackoff)
 	case b.Jitter > 1:
 		return invalid("backoff jitter %v > 1", b.Jitter)
 	}
@@ -69,7 +76,10 @@ func (b Backoff) Delay(attempt int, rnd float64) time.Duration {
 	if d > float64(b.Max) || math.IsInf(d, 0) {
 		d = float64(b.Max)
 	}
-	return time.Duration(d * (1 + b.Jitter*rnd))
+	if d *= 1 + b.Jitter*rnd; d >= math.MaxInt64 {
+		return math.MaxInt64 // a Backoff Validate refuses; never negative
+	}
+	return time.Duration(d)
 }
 
 func (b Backoff) String() string {

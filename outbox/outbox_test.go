@@ -48,7 +48,8 @@ func TestBackoffSeedSchedule(t *testing.T) {
 	if d := (outbox.Backoff{Max: 200 * 365 * 24 * time.Hour, Multiplier: 1e300, Jitter: 1}).Delay(2, 0.99); d <= 0 {
 		t.Errorf("a 200-year Max gave a delay of %s", d)
 	}
-	for _, bad := range []outbox.Backoff{{Initial: time.Microsecond}, {Multiplier: 0.5}, {Initial: 2 * time.Second, Max: time.Second}, {Jitter: 2}} {
+	for _, bad := range []outbox.Backoff{{Initial: time.Microsecond}, {Multiplier: 0.5}, {Initial: 2 * time.Second, Max: time.Second}, {Jitter: 2},
+		{Max: outbox.MaxBackoff + 1}} {
 		if err := bad.Validate(); !errors.Is(err, idem.ErrInvalidArgument) {
 			t.Errorf("%+v: %v", bad, err)
 		}
