@@ -26,6 +26,7 @@ type pending struct {
 // returns what it holds, and the deliveries it left for later: a second
 // message of a key already in the batch with another fingerprint.
 func (c *Consumer) processBatch(ctx context.Context, batch []*delivery) (hs []*hold, later []*delivery) {
+	batch, hs = c.liveOnly(ctx, batch)
 	claims, later, noKey := dedupe(batch, func(k []byte) uint64 { return maphash.Bytes(c.seed, k) })
 	for _, d := range noKey {
 		hs = append(hs, c.missingKey(broker.ExtractTrace(ctx, d.m), d)...)
@@ -103,6 +104,15 @@ var (
 // claimAndRun claims claims (deliveries with distinct keys, followers
 // attached) and runs the handler on the new ones.
 func (c *Consumer) claimAndRun(ctx context.Context, claims []*delivery) []*hold {
+	claims, lostHs := c.liveOnly(ctx, claims)
+	if len(claims) == 0 {
+		return lostHs
+	}
+	return append(lostHs, c.claimAndRunLive(ctx, claims)...)
+}
+
+// claimAndRunLive is claimAndRun once the lost deliveries are let go.
+func (c *Consumer) claimAndRunLive(ctx context.Context, claims []*delivery) []*hold {
 	ip := itemsPool.Get().(*[]idem.BatchItem)
 	items := slices.Grow((*ip)[:0], len(claims))
 	for _, d := range claims {
@@ -202,6 +212,9 @@ func (c *Consumer) groupOf(m *broker.Message) (g string, err error) {
 func (c *Consumer) runGroup(ctx context.Context, ps []pending) []*hold {
 	var hs []*hold
 	for try := 0; ; {
+		if ps, hs = c.livePending(ctx, ps, errLost, hs); len(ps) == 0 {
+			return hs // lost while held or between in-process retries
+		}
 		leaseLost, err := c.runBatchHandler(ctx, ps)
 		var pe *PartialError
 		if err != nil && !errors.As(err, &pe) {
@@ -290,6 +303,10 @@ func (c *Consumer) holdOrFail(ctx context.Context, ps []pending, err error) []*h
 	var hs []*hold
 	keep := ps[:0:0]
 	for _, p := range ps {
+		if p.d.isLost() { // not held: the broker redelivers it
+			hs = append(hs, c.lostClaimed(ctx, p.d, p.held, err)...)
+			continue
+		}
 		if ferr := c.unavailableTooLong(p.d, err); ferr != nil {
 			hs = append(hs, c.handlerFailed(ctx, p.d, p.held, p.attempts, ferr)...)
 			continue
@@ -319,6 +336,8 @@ func (c *Consumer) holdGroup(ps []pending, err error) *hold {
 				// Verify each kept claim before the handler runs again
 				// under it (see Consumer.renew).
 				switch rerr := c.renew(ctx, p.held); {
+				case p.d.isLost():
+					hs = append(hs, c.lostClaimed(ctx, p.d, p.held, err)...)
 				case lost(p.held):
 					hs = append(hs, c.claimLost(ctx, p.d, "claim lost while held")...)
 				case rerr != nil:
@@ -346,6 +365,23 @@ func (c *Consumer) holdGroup(ps []pending, err error) *hold {
 			}
 		},
 	}
+}
+
+// livePending returns ps without its lost deliveries, whose claims it
+// releases with cause (lostClaimed), appending what that leaves held to hs.
+func (c *Consumer) livePending(ctx context.Context, ps []pending, cause error, hs []*hold) ([]pending, []*hold) {
+	live := ps[:0:0]
+	for _, p := range ps {
+		if p.d.isLost() {
+			hs = append(hs, c.lostClaimed(ctx, p.d, p.held, cause)...)
+			continue
+		}
+		live = append(live, p)
+	}
+	if len(live) == len(ps) {
+		return ps, hs
+	}
+	return live, hs
 }
 
 // completeAll records and acks every message of a successful batch: in one

@@ -37,11 +37,17 @@ type Stats struct {
 	// DeadLetterErrors counts dead-letter publishes that failed (each
 	// retry counts).
 	DeadLetterErrors int64
+	// Lost counts deliveries the broker reported lost
+	// (broker.ErrDeliveryLost: their connection or channel closed, their
+	// partition was revoked...) before the consumer settled them; the
+	// broker delivers each again. The consumer stopped working for them
+	// (see Consumer). Not counted in SettleErrors.
+	Lost int64
 }
 
 type counters struct {
 	handled, duplicates, naked, deadLettered, storeErrors, unrecorded, settleErrors atomic.Int64
-	holds, heldNow, deadLetterErrors, inFlight                                      atomic.Int64
+	holds, heldNow, deadLetterErrors, inFlight, lost                                atomic.Int64
 }
 
 // Consumer runs a handler over a subscriber's deliveries through the
@@ -101,6 +107,11 @@ type delivery struct {
 	steps     *stepState // step claims kept while the delivery is held (Steps)
 	txFails   int        // in-process retries after failures, tx modes (attempts = Delivery + txFails)
 	ownClaim  bool       // our claim of the key may still be live (its release failed)
+	// lost: the broker reported the delivery lost (broker.ErrDeliveryLost);
+	// it will deliver it again. parked is the park holding d, if any, so
+	// that the loss retries it at once (see noteLost).
+	lost   atomic.Bool
+	parked atomic.Pointer[park]
 	// unavailSince: when its handler's system was first found unavailable
 	// (MaxUnavailableHold counts from it).
 	unavailSince time.Time
@@ -152,7 +163,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettered: s.deadLettered.Load(), StoreErrors: s.storeErrors.Load(),
 		Unrecorded: s.unrecorded.Load(), SettleErrors: s.settleErrors.Load(),
 		Holds: s.holds.Load(), HeldNow: s.heldNow.Load(), DeadLetterErrors: s.deadLetterErrors.Load(),
-		InFlight: s.inFlight.Load(),
+		InFlight: s.inFlight.Load(), Lost: s.lost.Load(),
 	}
 }
 
@@ -307,6 +318,9 @@ func (c *Consumer) route(m *broker.Message, d *delivery) (w int, okey []byte) {
 // it held.
 func (c *Consumer) handleOne(ctx context.Context, d *delivery) []*hold {
 	ctx = broker.ExtractTrace(ctx, d.m)
+	if d.isLost() {
+		return c.letGo(ctx, d)
+	}
 	if d.keyErr != nil {
 		return c.missingKey(ctx, d)
 	}
@@ -347,6 +361,9 @@ func (c *Consumer) crashLoop(ctx context.Context, d *delivery, held *idem.Held, 
 
 // runClaimed runs the handler under a claim and settles the outcome.
 func (c *Consumer) runClaimed(ctx context.Context, d *delivery, held *idem.Held, attempts int) []*hold {
+	if d.isLost() {
+		return c.lostClaimed(ctx, d, held, errLost)
+	}
 	val, herr := c.runWithRetries(ctx, d, held)
 	if herr == nil {
 		if err := idem.ValidateResult(val); err != nil {
@@ -355,6 +372,11 @@ func (c *Consumer) runClaimed(ctx context.Context, d *delivery, held *idem.Held,
 		}
 	}
 	if herr != nil {
+		if c.transient(herr) && d.isLost() && !lost(held) {
+			// Not held for a delivery the broker redelivers: no
+			// attempt is spent on it either.
+			return c.lostClaimed(ctx, d, held, herr)
+		}
 		if c.transient(herr) && !lost(held) {
 			ferr := c.unavailableTooLong(d, herr)
 			if ferr == nil {
@@ -400,6 +422,9 @@ func (c *Consumer) holdClaimed(d *delivery, held *idem.Held, attempts int, herr 
 		ds: []*delivery{d}, reason: HoldHandlerUnavailable, err: herr,
 		wait: transientWait(herr),
 		retry: func(ctx context.Context) []*hold {
+			if d.isLost() {
+				return c.lostClaimed(ctx, d, held, herr)
+			}
 			switch rerr := c.renew(ctx, held); {
 			case lost(held):
 				d.steps.releaseAll(ctx, herr)
@@ -455,7 +480,9 @@ func (c *Consumer) runWithRetries(ctx context.Context, d *delivery, held *idem.H
 			return val, nil
 		}
 		err = c.classify(err)
-		if c.transient(err) || !c.retryInProcess(ctx, try, err, held) {
+		// A delivery lost meanwhile is not run again: its redelivered
+		// copy is (checked again after the backoff's sleep).
+		if c.transient(err) || d.isLost() || !c.retryInProcess(ctx, try, err, held) || d.isLost() {
 			return nil, err
 		}
 	}
@@ -695,8 +722,7 @@ func (c *Consumer) ackOne(ctx context.Context, x *delivery, dup bool) {
 	if !c.claim(x) {
 		return
 	}
-	if err := x.m.Acker.Ack(ctx); err != nil {
-		c.stats.settleErrors.Add(1)
+	if err := x.m.Acker.Ack(ctx); c.settleFailed(x, err, "ack") {
 		c.log.Warn("consumer: ack failed; the broker will redeliver and the guard replay", "msg_id", x.m.ID, "err", err)
 	}
 	if c.cfg.Hooks.OnAck != nil {
@@ -713,8 +739,7 @@ func (c *Consumer) nak(ctx context.Context, d *delivery, delay time.Duration, wh
 			continue
 		}
 		c.stats.naked.Add(1)
-		if err := x.m.Acker.Nak(ctx, delay); err != nil {
-			c.stats.settleErrors.Add(1)
+		if err := x.m.Acker.Nak(ctx, delay); c.settleFailed(x, err, "nak") {
 			c.log.Warn("consumer: nak failed; the broker redelivers after its ack wait", "msg_id", x.m.ID, "why", why, "err", err)
 		}
 		if c.cfg.Hooks.OnNak != nil {
@@ -731,8 +756,7 @@ func (c *Consumer) term(ctx context.Context, d *delivery, reason string) {
 		if !c.claim(x) {
 			continue
 		}
-		if err := x.m.Acker.Term(ctx, idem.TruncateCause(reason)); err != nil {
-			c.stats.settleErrors.Add(1)
+		if err := x.m.Acker.Term(ctx, idem.TruncateCause(reason)); c.settleFailed(x, err, "term") {
 			c.log.Warn("consumer: term failed", "msg_id", x.m.ID, "err", err)
 		}
 		c.done(x)

@@ -52,6 +52,9 @@ func (c *Consumer) deadLetter(ctx context.Context, d *delivery, reason string) [
 }
 
 func (c *Consumer) deadLetterOne(ctx context.Context, d *delivery, reason string) []*hold {
+	if d.isLost() { // its redelivered copy comes to the same decision
+		return c.letGo(ctx, d)
+	}
 	m := d.m
 	if c.cfg.DeadLetter == nil {
 		c.stats.deadLettered.Add(1)
@@ -142,7 +145,15 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, d *delivery, reason st
 func (c *Consumer) deadLetterHold(d *delivery, reason string, held *idem.Held, why HoldReason, err error) []*hold {
 	return []*hold{{
 		ds: []*delivery{d}, reason: why, err: err,
-		retry: func(ctx context.Context) []*hold { return c.publishDeadLetter(ctx, d, reason, held) },
+		retry: func(ctx context.Context) []*hold {
+			if d.isLost() {
+				if held != nil {
+					_ = held.Release(ctx, err)
+				}
+				return c.letGo(ctx, d)
+			}
+			return c.publishDeadLetter(ctx, d, reason, held)
+		},
 		giveUp: func(ctx context.Context) {
 			if held != nil {
 				_ = held.Release(ctx, err)
@@ -167,6 +178,10 @@ func (c *Consumer) deadLetterAtShutdown(ctx context.Context, d *delivery, reason
 // lets a deduplicating broker drop a repeat) and a nak only if that fails
 // too, which is then the message's end: logged at error level.
 func (c *Consumer) deadLetterFallback(ctx context.Context, d *delivery, reason string) {
+	if d.isLost() {
+		c.handBack(ctx, d, "lost") // let go: the broker has it
+		return
+	}
 	if !c.lastDelivery(d) {
 		c.nak(ctx, d, 0, "dead-letter not done at shutdown")
 		return
@@ -192,6 +207,9 @@ func (c *Consumer) deadLetterFallback(ctx context.Context, d *delivery, reason s
 // nakOrHoldWith is nakOrHold with its own retry and give-up.
 func (c *Consumer) nakOrHoldWith(ctx context.Context, d *delivery, delay time.Duration, why string,
 	retry func(context.Context) []*hold, giveUp func(context.Context)) []*hold {
+	if d.isLost() {
+		return c.letGo(ctx, d)
+	}
 	if !c.lastDelivery(d) {
 		c.nak(ctx, d, delay, why)
 		return nil

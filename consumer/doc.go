@@ -32,6 +32,12 @@
 // from its fetch until it is settled. A message on its last broker
 // delivery (broker.DeliveryLimiter) is never nak'ed: it is held and
 // retried in process, and dead-lettered if the consumer stops meanwhile.
+// A delivery the broker reports lost (broker.ErrDeliveryLost, from that
+// signal or a settle: its connection closed, its partition was revoked) is
+// not worked for any more: unless its handler is running (it runs to its
+// end and is not retried), its claim is released so that the redelivered
+// copy acquires the key at once, and it is dropped without a nak, a hold
+// or a dead letter (Stats.Lost).
 //
 // Messages with the same order key (Message.Key, else the idempotency key)
 // go to one worker in order; different keys run in parallel on Workers

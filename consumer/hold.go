@@ -118,6 +118,7 @@ func (c *Consumer) probe() (ok bool, wait time.Duration) {
 // park is a hold parked in a worker.
 type park struct {
 	h       *hold
+	lot     *lot     // its worker's
 	keys    []string // order keys it blocks
 	gen     uint64   // bumped on every (re)schedule; stale timer fires are ignored
 	timer   *time.Timer
@@ -141,15 +142,22 @@ type lot struct {
 }
 
 type lotEntry struct {
-	p   *park
-	gen uint64
+	p    *park
+	gen  uint64
+	lost bool // pushed because a delivery of p was lost: due whatever gen
 }
 
 func newLot() *lot { return &lot{ready: make(chan struct{}, 1)} }
 
-func (l *lot) push(p *park, gen uint64) {
+func (l *lot) push(p *park, gen uint64) { l.add(lotEntry{p: p, gen: gen}) }
+
+// pushLost makes p due now: a delivery of it was lost (noteLost, from any
+// goroutine).
+func (l *lot) pushLost(p *park) { l.add(lotEntry{p: p, lost: true}) }
+
+func (l *lot) add(e lotEntry) {
 	l.mu.Lock()
-	l.due = append(l.due, lotEntry{p, gen})
+	l.due = append(l.due, e)
 	l.mu.Unlock()
 	select {
 	case l.ready <- struct{}{}:
@@ -204,6 +212,9 @@ func (c *Consumer) noteHeld(ctx context.Context, h *hold, wait time.Duration) {
 // nakOrHold naks d with delay, unless d is on its last broker delivery:
 // then it is held and restart runs it again after delay.
 func (c *Consumer) nakOrHold(ctx context.Context, d *delivery, delay time.Duration, why string) []*hold {
+	if d.isLost() {
+		return c.letGo(ctx, d)
+	}
 	if !c.lastDelivery(d) {
 		c.nak(ctx, d, delay, why)
 		return nil
@@ -223,6 +234,12 @@ func (e holdCause) Error() string { return string(e) }
 // (shutdown): a nak for another consumer, or, when d is on its last
 // delivery and a nak would make the broker drop it, a dead letter.
 func (c *Consumer) handBack(ctx context.Context, d *delivery, why string) {
+	if d.isLost() { // the broker has it already
+		for _, h := range c.letGo(ctx, d) {
+			h.giveUp(ctx)
+		}
+		return
+	}
 	if c.lastDelivery(d) {
 		c.deadLetterAtShutdown(ctx, d, "delivery limit at shutdown: "+why)
 		return

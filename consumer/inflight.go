@@ -2,9 +2,12 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idem-dev/idem/broker"
 )
 
 // inflight tracks every delivery from its fetch to its settle and tells
@@ -75,7 +78,8 @@ func (f *inflight) remove(d *delivery) {
 }
 
 // signal sends InProgress for due, all within one interval; failures are
-// logged once per round.
+// logged once per round. A delivery the broker reports lost is noted
+// (noteLost) and not signalled again.
 func (f *inflight) signal(due []*delivery) {
 	if len(due) == 0 {
 		return
@@ -85,10 +89,15 @@ func (f *inflight) signal(due []*delivery) {
 	failed := 0
 	var first error
 	for _, d := range due {
-		if d.settled.Load() {
+		if d.settled.Load() || d.isLost() {
 			continue
 		}
-		if err := d.m.Acker.InProgress(ctx); err != nil {
+		err := d.m.Acker.InProgress(ctx)
+		if errors.Is(err, broker.ErrDeliveryLost) {
+			f.c.noteLost(d, err, "in_progress")
+			continue
+		}
+		if err != nil {
 			if failed == 0 {
 				first = err
 			}

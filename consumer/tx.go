@@ -85,6 +85,15 @@ type TxOutcome struct {
 // processTx hands claims to the transactional handler and settles each
 // message from its outcome, or holds it.
 func (c *Consumer) processTx(ctx context.Context, claims []*delivery) []*hold {
+	claims, lostHs := c.liveOnly(ctx, claims)
+	if len(claims) == 0 {
+		return lostHs
+	}
+	return append(lostHs, c.processTxLive(ctx, claims)...)
+}
+
+// processTxLive is processTx once the lost deliveries are let go.
+func (c *Consumer) processTxLive(ctx context.Context, claims []*delivery) []*hold {
 	items := make([]TxItem, len(claims))
 	for i, d := range claims {
 		items[i] = TxItem{Msg: d.m, Key: d.key, Fingerprint: d.fp}

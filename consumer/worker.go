@@ -173,8 +173,9 @@ func (w *worker) park(ctx context.Context, hs []*hold) {
 			w.giveUp(ctx, h)
 			continue
 		}
-		p := &park{h: h}
+		p := &park{h: h, lot: w.lot}
 		for _, d := range h.ds {
+			d.parked.Store(p)
 			for _, x := range d.self() {
 				if len(x.okey) == 0 || containsKey(p.keys, x.okey) {
 					continue
@@ -195,6 +196,9 @@ func (w *worker) park(ctx context.Context, hs []*hold) {
 			wait = w.c.holdDelay(h.tries)
 		}
 		w.c.noteHeld(ctx, h, wait)
+		if h.lostIn() { // lost before it was parked: noteLost found no park
+			wait = 0
+		}
 		w.schedule(p, wait)
 	}
 }
@@ -219,7 +223,7 @@ func (w *worker) schedule(p *park, d time.Duration) {
 
 func (w *worker) retryDue(ctx context.Context) {
 	for _, e := range w.lot.take() {
-		if e.p.gone || e.gen != e.p.gen {
+		if e.p.gone || (e.gen != e.p.gen && !e.lost) {
 			continue
 		}
 		w.retry(ctx, e.p)
@@ -229,7 +233,7 @@ func (w *worker) retryDue(ctx context.Context) {
 // retry resumes a parked hold, parks what it leaves held, and releases
 // the deliveries waiting behind keys that are no longer held.
 func (w *worker) retry(ctx context.Context, p *park) {
-	if p.h.reason == HoldStoreUnavailable {
+	if p.h.reason == HoldStoreUnavailable && !p.h.lostIn() {
 		if ok, wait := w.c.probe(); !ok { // another held delivery probes the store first
 			w.schedule(p, wait+time.Duration(len(w.parks))*time.Microsecond)
 			return
@@ -250,6 +254,9 @@ func (w *worker) unpark(p *park) {
 	p.gone = true
 	if p.timer != nil {
 		p.timer.Stop()
+	}
+	for _, d := range p.h.ds {
+		d.parked.CompareAndSwap(p, nil)
 	}
 	delete(w.parks, p)
 	for _, k := range p.keys {
