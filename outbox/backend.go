@@ -71,6 +71,15 @@ type ClaimRequest struct {
 	Limit   int       // at least 1
 	Now     time.Time // zero: the backend's clock
 	Ordered bool      // per-key order: only the earliest pending row of each key
+	// Hold is the longest the claimer means to leave the batch without a
+	// word to the backend (publishing it); zero: no bound. A backend that
+	// can bounds the claim by it, so that a claimer gone without closing
+	// its connection (host power loss, network partition, a frozen
+	// process) frees its rows soon after, not when TCP keepalive gives up:
+	// pgoutbox ends the claim's session when its transaction stays idle
+	// longer. A claimer slower than its Hold loses the claim (Settle
+	// fails), like one that died.
+	Hold time.Duration
 }
 
 // Batch is a claim: rows held until Settle or Release.

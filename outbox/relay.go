@@ -352,7 +352,7 @@ func (r *Relay) clockNow() time.Time {
 // many rows it claimed. Run calls it in a loop; tests and callers that
 // schedule the relay themselves can call it directly.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	b, err := r.cfg.Backend.Claim(ctx, ClaimRequest{Limit: r.cfg.BatchSize, Now: r.now(), Ordered: r.cfg.Ordered})
+	b, err := r.cfg.Backend.Claim(ctx, ClaimRequest{Limit: r.cfg.BatchSize, Now: r.now(), Ordered: r.cfg.Ordered, Hold: r.hold()})
 	if err != nil {
 		if ctx.Err() == nil {
 			r.opError(ctx, "claim", err)
@@ -432,6 +432,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	return len(rows), nil
 }
+
+// hold is the ClaimRequest.Hold of the relay's claims: publishing takes at
+// most PublishTimeout (then the batch is settled at once); twice that plus
+// a second leaves room for a slow host or a GC pause.
+func (r *Relay) hold() time.Duration { return 2*r.cfg.PublishTimeout + time.Second }
 
 var errNotTried = errors.New("outbox: not published before the publish timeout")
 

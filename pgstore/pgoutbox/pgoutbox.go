@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
+	"strconv"
 	"sync"
 	"time"
 
@@ -357,9 +359,19 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 	// on conn until Settle (UPDATE and COMMIT, one round trip) or Release.
 	pb := &pgx.Batch{}
 	pb.Queue("BEGIN")
+	if req.Hold > 0 {
+		// A claimer gone without closing the connection frees the rows
+		// after Hold: the server ends a session idle in its transaction
+		// for longer (SET LOCAL: only this transaction).
+		ms := min(max(req.Hold.Milliseconds(), 1), math.MaxInt32)
+		pb.Queue("SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(ms, 10))
+	}
 	pb.Queue(q, optTime(req.Now), req.Limit)
 	br := conn.SendBatch(ctx, pb)
 	_, err = br.Exec()
+	if err == nil && req.Hold > 0 {
+		_, err = br.Exec()
+	}
 	var out []outbox.Row
 	if err == nil {
 		var rows pgx.Rows
