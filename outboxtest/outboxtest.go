@@ -48,6 +48,11 @@ type Features struct {
 	// for bbolt, whose writers take turns), so the suite can commit them
 	// out of Seq order.
 	ConcurrentTx bool
+	// HoldEnds: the backend ends a claim left silent for longer than its
+	// ClaimRequest.Hold, freeing its rows although the claimer's
+	// connection stays open (pgoutbox, mysqloutbox), so the suite checks
+	// it with a frozen relay.
+	HoldEnds bool
 	// Relays run at once in the contention tests (default 4).
 	Relays int
 	// Messages in the relay tests (default 400).
@@ -103,6 +108,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"SeveralRelays", s.testSeveralRelays},
 		{"CrashAfterPublish", s.testCrashAfterPublish},
 		{"ShutdownAfterPublish", s.testShutdownAfterPublish},
+		{"FrozenRelayFreesItsRows", s.testFrozenRelay},
 		{"BackoffSchedule", s.testBackoffSchedule},
 		{"FailedAfterMaxAttempts", s.testFailedHook},
 		{"OneBadMessage", s.testOneBadMessage},

@@ -202,6 +202,63 @@ func (s *suite) testShutdownAfterPublish(t *testing.T) {
 	}
 }
 
+// frozenPublisher stands for a relay that stopped mid-publish without its
+// connection closing (its host lost power, a network partition, a process
+// frozen): Publish blocks, whatever its context says, until thawed.
+type frozenPublisher struct {
+	entered chan struct{}
+	thaw    chan struct{}
+}
+
+func (p frozenPublisher) Publish(context.Context, ...*broker.Message) error {
+	close(p.entered)
+	<-p.thaw
+	return nil
+}
+func (frozenPublisher) Close() error { return nil }
+
+// testFrozenRelay: a relay that stops between its claim and its
+// settlement with its connection still open holds the claim's rows for as
+// long as the server keeps the session: with nothing sent on it, until
+// TCP keepalive gives up (over two hours on Linux's defaults), or for ever
+// for a process that is frozen, not dead. With HoldEnds the backend ends
+// the claim once it stayed silent past its Hold (the relay's: from
+// PublishTimeout), another relay takes the rows, unchanged, and the
+// thawed relay's settlement fails.
+func (s *suite) testFrozenRelay(t *testing.T) {
+	if !s.feat.HoldEnds {
+		t.Skip("the backend does not end claims held past their Hold")
+	}
+	h := s.harness(t)
+	all := enqueue(t, h, true, msgs(1)...)
+	ctx := ctxT(t)
+	pub := frozenPublisher{entered: make(chan struct{}), thaw: make(chan struct{})}
+	relay := newRelay(t, outbox.Config{Backend: h.Backend, Publisher: pub, PublishTimeout: 200 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { _, err := relay.RunOnce(ctx); done <- err }()
+	// thaw lets the relay go on and returns what RunOnce did; deferred
+	// too, so that a failing test ends the relay before the cleanups.
+	thaw := sync.OnceValue(func() error { close(pub.thaw); return <-done })
+	defer thaw()
+	<-pub.entered
+	var rows []outbox.Row
+	WaitFor(t, "another claim to get the frozen relay's rows", 30*time.Second, func() (bool, string) {
+		b, err := h.Backend.Claim(ctx, outbox.ClaimRequest{Limit: 10, Now: later()})
+		if err != nil {
+			return false, err.Error()
+		}
+		rows = b.Rows()
+		_ = b.Release(ctx)
+		return len(rows) == 1, "still held"
+	})
+	if thaw() == nil {
+		t.Fatal("the thawed relay settled a claim the backend had ended")
+	}
+	if rows[0].ID != all[0] || rows[0].Attempts != 0 {
+		t.Fatalf("rows %+v", rows)
+	}
+}
+
 // testBackoffSchedule: on an injected clock the attempts of a failing
 // message come at the seed's schedule (1s, then 1.5s, with the jitter the
 // relay drew), the third failure marks it failed, and nothing is tried

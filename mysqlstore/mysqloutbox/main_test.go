@@ -83,7 +83,7 @@ func TestConformance(t *testing.T) {
 				}
 			},
 		}
-	}, outboxtest.Features{ConcurrentTx: true})
+	}, outboxtest.Features{ConcurrentTx: true, HoldEnds: true})
 }
 
 // TestOrderedNeedsIndex: without Config.Ordered (and its index) ordered

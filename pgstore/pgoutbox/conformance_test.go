@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			outboxtest.Run(t, func(t testing.TB) outboxtest.Harness { return harness(t, tc.mod) },
-				outboxtest.Features{ConcurrentTx: true})
+				outboxtest.Features{ConcurrentTx: true, HoldEnds: true})
 		})
 	}
 }
