@@ -76,8 +76,8 @@ type ClaimRequest struct {
 	// can bounds the claim by it, so that a claimer gone without closing
 	// its connection (host power loss, network partition, a frozen
 	// process) frees its rows soon after, not when TCP keepalive gives up:
-	// pgoutbox ends the claim's session when its transaction stays idle
-	// longer. A claimer slower than its Hold loses the claim (Settle
+	// pgoutbox and mysqloutbox (MariaDB) end the claim's session when its
+	// transaction stays idle longer. A claimer slower than its Hold loses the claim (Settle
 	// fails), like one that died.
 	Hold time.Duration
 }

@@ -135,3 +135,45 @@ func TestLargeEnqueueAllOrNothing(t *testing.T) {
 		t.Fatalf("rows %+v, want only the message written before the failed call", rows)
 	}
 }
+
+// TestHoldLeavesSessionClean: a claim with a Hold bounds its session's
+// idle_transaction_timeout, and Settle and Release put it back: the
+// connection returns to a pool that business transactions share, which
+// the bound would otherwise end when they sit idle.
+func TestHoldLeavesSessionClean(t *testing.T) {
+	ob, db := newOutbox(t)
+	db.SetMaxOpenConns(1) // every statement below runs on the claim's connection
+	ctx := ctxT(t)
+	var global int64
+	if err := db.QueryRowContext(ctx, "SELECT @@GLOBAL.idle_transaction_timeout").Scan(&global); err != nil {
+		t.Fatal(err)
+	}
+	for _, end := range []string{"settle", "release"} {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ob.Enqueue(ctx, tx, outbox.Message{ID: "hold-" + end, Topic: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := ob.Claim(ctx, outbox.ClaimRequest{Limit: 10, Hold: time.Hour})
+		if err != nil || len(b.Rows()) != 1 {
+			t.Fatalf("Claim: %v", err)
+		}
+		if end == "settle" {
+			err = b.Settle(ctx, outbox.Settlement{Sent: []int64{b.Rows()[0].Seq}})
+		} else {
+			err = b.Release(ctx)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", end, err)
+		}
+		var got int64
+		if err := db.QueryRowContext(ctx, "SELECT @@SESSION.idle_transaction_timeout").Scan(&got); err != nil || got != global {
+			t.Fatalf("after %s the pooled session's idle_transaction_timeout is %d (%v), want the global %d", end, got, err, global)
+		}
+	}
+}

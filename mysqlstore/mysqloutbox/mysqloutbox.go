@@ -8,10 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -91,6 +93,9 @@ type Outbox struct {
 	cfg Config
 	db  *sql.DB
 	tbl string // quoted
+	// noIdleTimeout: the server has no idle_transaction_timeout (MySQL),
+	// so claims cannot be bounded by ClaimRequest.Hold.
+	noIdleTimeout atomic.Bool
 }
 
 var _ outbox.Backend = (*Outbox)(nil)
@@ -257,12 +262,16 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 	if !detach() && err == nil { // ctx ended: the transaction is being rolled back
 		err = ctx.Err()
 	}
+	idle := false
+	if err == nil && len(out) > 0 && req.Hold > 0 {
+		idle, err = o.boundIdle(ctx, tx, req.Hold)
+	}
 	if err != nil {
 		_ = tx.Rollback()
 		txCancel()
 		return nil, mapErr(err, false)
 	}
-	b := &batch{o: o, tx: tx, cancel: txCancel, rows: out, seqs: make(map[int64]struct{}, len(out))}
+	b := &batch{o: o, tx: tx, cancel: txCancel, idle: idle, rows: out, seqs: make(map[int64]struct{}, len(out))}
 	for _, r := range out {
 		b.seqs[r.Seq] = struct{}{}
 	}
@@ -270,6 +279,42 @@ func (o *Outbox) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.Bat
 		_ = b.Release(ctx)
 	}
 	return b, nil
+}
+
+// boundIdle makes the server end the claim's session (freeing its rows)
+// when its transaction stays idle longer than hold, whole seconds rounded
+// up: a relay gone without closing its connection (host power loss,
+// partition, frozen process) would otherwise hold them until wait_timeout
+// (8 hours by default). The setting is the session's: Settle and Release
+// put it back before the connection returns to the pool. It reports
+// whether it set it (not on a server without idle_transaction_timeout,
+// MySQL).
+func (o *Outbox) boundIdle(ctx context.Context, tx *sql.Tx, hold time.Duration) (bool, error) {
+	if o.noIdleTimeout.Load() {
+		return false, nil
+	}
+	secs := min(max(int64(math.Ceil(hold.Seconds())), 1), 31536000)
+	_, err := tx.ExecContext(ctx, "SET SESSION idle_transaction_timeout = "+strconv.FormatInt(secs, 10))
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1193 { // unknown system variable
+		o.noIdleTimeout.Store(true)
+		o.cfg.Logger.Warn("mysqloutbox: the server has no idle_transaction_timeout; a relay gone without closing its connection holds its rows until wait_timeout")
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// unboundIdle puts back the session's idle_transaction_timeout that
+// boundIdle set, also when ctx has ended: the connection goes back to the
+// pool, where a business transaction may use it next.
+func (b *batch) unboundIdle(ctx context.Context) error {
+	if !b.idle {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, err := b.tx.ExecContext(rctx, "SET SESSION idle_transaction_timeout = DEFAULT")
+	return err
 }
 
 func scanRows(rows *sql.Rows) ([]outbox.Row, error) {
@@ -300,6 +345,7 @@ type batch struct {
 	o      *Outbox
 	tx     *sql.Tx
 	cancel context.CancelFunc // the transaction's context, once it ended
+	idle   bool               // boundIdle set the session's idle timeout
 	rows   []outbox.Row
 	seqs   map[int64]struct{}
 	done   bool
@@ -317,6 +363,10 @@ func (b *batch) Settle(ctx context.Context, s outbox.Settlement) error {
 	}
 	b.done = true
 	defer b.cancel()
+	if err := b.unboundIdle(ctx); err != nil {
+		_ = b.tx.Rollback()
+		return mapErr(err, false) // the session may have been ended: nothing applied
+	}
 	if s.Len() > 0 {
 		if _, err := b.tx.ExecContext(ctx, b.o.settleSQL(s)); err != nil {
 			_ = b.tx.Rollback()
@@ -379,6 +429,7 @@ func (b *batch) Release(ctx context.Context) error {
 	}
 	b.done = true
 	defer b.cancel()
+	_ = b.unboundIdle(ctx) // on a dead session Rollback fails too, and the connection is dropped
 	if err := b.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return mapErr(err, false)
 	}
