@@ -83,6 +83,18 @@ type Acker interface {
 	InProgress(ctx context.Context) error
 }
 
+// LostNotifier is an optional Acker capability: Lost returns a channel
+// that is closed once the delivery is lost (its Acker calls would return
+// ErrDeliveryLost), so that whoever holds it learns so at once rather than
+// at its next call. Many deliveries may share one channel (rabbitbroker:
+// one per connection, closed when the connection dies, whether or not
+// they were settled before); it never closes while the delivery can still
+// be settled. Lost must be cheap: the consumer runtime calls it once per
+// delivery and watches each distinct channel with one goroutine.
+type LostNotifier interface {
+	Lost() <-chan struct{}
+}
+
 // Publisher sends messages with the broker's reliable settings. Publish
 // returns only once the broker has durably accepted every message (acks=all,
 // publisher confirms, JetStream publish ack); an error means some may not

@@ -564,9 +564,10 @@ func testNoAckBeforeEffect(t *testing.T, env Env, f Features) {
 
 // testDeliveryLost: the deliveries a closed subscriber left unsettled
 // report broker.ErrDeliveryLost from InProgress (once Close has taken
-// effect), Ack, Nak and Term, and those calls change nothing: every
-// message comes back to the group's next subscriber, the acked one and
-// the terminated one included.
+// effect; from then on their Lost channel is closed, where the Acker is a
+// broker.LostNotifier), Ack, Nak and Term, and those calls change
+// nothing: every message comes back to the group's next subscriber, the
+// acked one and the terminated one included.
 func testDeliveryLost(t *testing.T, env Env, f Features) {
 	sent, first := fetchAndDie(t, env, f, "lost", 4)
 	got := byID(first)
@@ -584,6 +585,13 @@ func testDeliveryLost(t *testing.T, env Env, f Features) {
 			t.Fatalf("InProgress of a delivery of a closed subscriber still %v after %s, want an error wrapping broker.ErrDeliveryLost", err, f.RedeliveryTimeout)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if ln, ok := m.Acker.(broker.LostNotifier); ok {
+		select {
+		case <-ln.Lost():
+		default:
+			t.Error("the Acker is a broker.LostNotifier, and its Lost channel is not closed for a delivery InProgress reports lost")
+		}
 	}
 	sctx := ctxFor(t, 30*time.Second)
 	for i, settle := range []struct {

@@ -120,6 +120,7 @@ type delivery struct {
 	prev, next *delivery
 	shard      *inflightShard
 	lastSignal time.Time
+	lostCh     <-chan struct{} // its Acker's broker.LostNotifier channel, if any
 }
 
 // New checks cfg and returns a Consumer. It warns (through the guard's

@@ -23,6 +23,12 @@ type inflight struct {
 	shards   [8]inflightShard
 	stop     chan struct{}
 	done     chan struct{}
+
+	// The channels of broker.LostNotifier Ackers, one goroutine each
+	// (watch): deliveries share them (one per connection or partition).
+	watchMu  sync.Mutex
+	watched  map[<-chan struct{}]struct{}
+	watchers sync.WaitGroup
 }
 
 type inflightShard struct {
@@ -44,12 +50,18 @@ func (f *inflight) start() {
 func (f *inflight) close() {
 	close(f.stop)
 	<-f.done
+	f.watchers.Wait()
 }
 
 func (f *inflight) add(d *delivery, now time.Time) {
+	var lostCh <-chan struct{}
+	if ln, ok := d.m.Acker.(broker.LostNotifier); ok {
+		lostCh = ln.Lost()
+	}
 	sh := &f.shards[f.rr.Add(1)%uint32(len(f.shards))]
 	sh.mu.Lock()
 	d.shard = sh
+	d.lostCh = lostCh
 	d.lastSignal = now
 	d.next = sh.head
 	if sh.head != nil {
@@ -57,6 +69,59 @@ func (f *inflight) add(d *delivery, now time.Time) {
 	}
 	sh.head = d
 	sh.mu.Unlock()
+	if lostCh != nil {
+		f.watch(d, lostCh)
+	}
+}
+
+// watch notes d lost if ch is closed already, and otherwise makes sure a
+// goroutine waits for ch to close (lostAll).
+func (f *inflight) watch(d *delivery, ch <-chan struct{}) {
+	select {
+	case <-ch:
+		f.c.noteLost(d, broker.ErrDeliveryLost, "lost_notifier")
+		return
+	default:
+	}
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	if _, ok := f.watched[ch]; ok {
+		return
+	}
+	if f.watched == nil {
+		f.watched = make(map[<-chan struct{}]struct{})
+	}
+	f.watched[ch] = struct{}{}
+	f.watchers.Add(1)
+	go func() {
+		defer f.watchers.Done()
+		select {
+		case <-ch:
+			f.lostAll(ch)
+		case <-f.stop:
+		}
+		f.watchMu.Lock()
+		delete(f.watched, ch)
+		f.watchMu.Unlock()
+	}()
+}
+
+// lostAll notes lost every unsettled delivery whose Lost channel is ch.
+func (f *inflight) lostAll(ch <-chan struct{}) {
+	var lost []*delivery
+	for i := range f.shards {
+		sh := &f.shards[i]
+		sh.mu.Lock()
+		for d := sh.head; d != nil; d = d.next {
+			if d.lostCh == ch && !d.settled.Load() {
+				lost = append(lost, d)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, d := range lost {
+		f.c.noteLost(d, broker.ErrDeliveryLost, "lost_notifier")
+	}
 }
 
 func (f *inflight) remove(d *delivery) {

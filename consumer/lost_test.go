@@ -19,25 +19,33 @@ import (
 // on, and reaches the broker no more); redeliver hands those deliveries
 // back to the broker, which delivers them again. Between the two the
 // consumer notices the loss through its InProgress signal.
+//
+// With notify, its Ackers are broker.LostNotifiers, whose channel lose
+// closes (one per "connection": lose starts another).
 type cutSub struct {
 	broker.Subscriber
-	limit int // MaxDeliveries reported; 0: none
+	limit  int  // MaxDeliveries reported; 0: none
+	notify bool // Ackers implement broker.LostNotifier
 
 	mu   sync.Mutex
 	open map[*cutAcker]bool
 	cut  []*cutAcker
+	dead chan struct{} // the current connection's Lost channel
 }
 
 func newCutSub(inner broker.Subscriber) *cutSub {
-	return &cutSub{Subscriber: inner, open: map[*cutAcker]bool{}}
+	return &cutSub{Subscriber: inner, open: map[*cutAcker]bool{}, dead: make(chan struct{})}
 }
 
 func (s *cutSub) Fetch(ctx context.Context, n int) ([]*broker.Message, error) {
 	msgs, err := s.Subscriber.Fetch(ctx, n)
 	s.mu.Lock()
 	for _, m := range msgs {
-		a := &cutAcker{Acker: m.Acker, s: s}
+		a := &cutAcker{Acker: m.Acker, s: s, dead: s.dead}
 		m.Acker = a
+		if s.notify {
+			m.Acker = notifyingAcker{a}
+		}
 		s.open[a] = true
 	}
 	s.mu.Unlock()
@@ -55,6 +63,8 @@ func (s *cutSub) lose() int {
 		s.cut = append(s.cut, a)
 	}
 	clear(s.open)
+	close(s.dead)
+	s.dead = make(chan struct{})
 	return len(s.cut)
 }
 
@@ -74,8 +84,14 @@ func (s *cutSub) redeliver(t *testing.T) {
 type cutAcker struct {
 	broker.Acker
 	s    *cutSub
-	lost bool // guarded by s.mu
+	dead chan struct{} // its connection's Lost channel
+	lost bool          // guarded by s.mu
 }
+
+// notifyingAcker is a cutAcker that is a broker.LostNotifier.
+type notifyingAcker struct{ *cutAcker }
+
+func (a notifyingAcker) Lost() <-chan struct{} { return a.dead }
 
 // gone reports whether the delivery is lost; settling it otherwise takes
 // it out of the open set.
@@ -208,6 +224,42 @@ func TestLostWhileHeldForItsHandler(t *testing.T) {
 					led.count("a"), e.log.Naks("a"), e.log.Terms("a"), s)
 			}
 		})
+	}
+}
+
+// TestLostNoticedAtOnce: with Ackers that are broker.LostNotifiers, a
+// held delivery is let go as soon as its channel closes, without waiting
+// for an InProgress round (an hour apart here).
+func TestLostNoticedAtOnce(t *testing.T) {
+	e := newEnv(t)
+	sub, _ := e.cutSub("g")
+	sub.notify = true
+	cfg := e.lostConfig(sub) // not through recSub, whose Ackers are no LostNotifiers
+	cfg.InProgressInterval = time.Hour
+	led := newLedger()
+	var healed atomic.Bool
+	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+		if !healed.Load() {
+			return nil, fmt.Errorf("%w: database down", idem.ErrUnavailable)
+		}
+		led.add(m.ID, "")
+		return nil, nil
+	}
+	c, stop := e.runA(t, cfg)
+	waitFor(t, "the delivery held", func() bool { return c.Stats().HeldNow == 1 })
+	sub.lose()
+	waitLetGo(t, c)
+	if inProgress(t, e.store, "a") {
+		t.Fatal("the lost delivery's claim is still held")
+	}
+	healed.Store(true)
+	sub.redeliver(t)
+	waitFor(t, "the redelivered copy handled", func() bool { return c.Stats().Handled == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); led.count("a") != 1 || s.Naked != 0 || s.Lost != 1 {
+		t.Fatalf("effects %d, stats %+v; want 1 effect, no nak, 1 lost", led.count("a"), s)
 	}
 }
 

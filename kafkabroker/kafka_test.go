@@ -256,10 +256,20 @@ func TestRevokedSettlesIgnored(t *testing.T) {
 	publish(t, p, msgs(topic, "r", 3)...)
 	got := fetchN(t, s, 3, 30*time.Second)
 	ackAll(t, got[:1])
+	select {
+	case <-got[1].Acker.(broker.LostNotifier).Lost():
+		t.Fatal("Lost() closed while the partition is assigned")
+	default:
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	select {
+	case <-got[1].Acker.(broker.LostNotifier).Lost():
+	default:
+		t.Fatal("Lost() of a delivery of a revoked partition is not closed")
+	}
 	if err := got[1].Acker.InProgress(ctx); err != ErrDeliveryLost || !errors.Is(err, broker.ErrDeliveryLost) {
 		t.Fatalf("InProgress after Close = %v, want ErrDeliveryLost", err)
 	}

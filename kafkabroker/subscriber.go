@@ -79,8 +79,9 @@ type topicPartition struct {
 type partition struct {
 	topicPartition
 	t        *tracker
-	draining bool // being revoked: hand nothing more out
-	dead     bool // revoked or lost: settles are ignored (ErrDeliveryLost)
+	draining bool          // being revoked: hand nothing more out
+	dead     bool          // revoked or lost: settles are ignored (ErrDeliveryLost)
+	gone     chan struct{} // closed when dead is set (broker.LostNotifier)
 }
 
 // NewSubscriber joins the group in the background and returns at once;
@@ -494,6 +495,12 @@ func (a *acker) InProgress(context.Context) error {
 	return nil
 }
 
+// Lost implements broker.LostNotifier: closed when the delivery's
+// partition is revoked or lost.
+func (a *acker) Lost() <-chan struct{} { return a.p.gone }
+
+var _ broker.LostNotifier = (*acker)(nil)
+
 // onAssigned starts tracking newly assigned partitions (franz-go fetches
 // them from the group's committed offsets), then calls the caller's
 // OnPartitionsAssigned.
@@ -517,7 +524,7 @@ func (s *Subscriber) assigned(assigned map[string][]int32) {
 			if old := s.parts[k]; old != nil {
 				s.killLocked(old)
 			}
-			s.parts[k] = &partition{topicPartition: k, t: newTracker()}
+			s.parts[k] = &partition{topicPartition: k, t: newTracker(), gone: make(chan struct{})}
 		}
 	}
 	s.setJoinedLocked(true)
@@ -647,6 +654,9 @@ func (s *Subscriber) killLocked(p *partition) {
 		return
 	}
 	p.dead = true
+	if p.gone != nil {
+		close(p.gone)
+	}
 	s.unsettled -= p.t.unsettled()
 	if s.parts[p.topicPartition] == p {
 		delete(s.parts, p.topicPartition)

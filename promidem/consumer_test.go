@@ -138,6 +138,7 @@ func TestConsumerMetrics(t *testing.T) {
 		`idem_consumer_dead_letters_total{result="terminated"}`: 0,
 		`idem_consumer_unrecorded_acks_total`:                   0,
 		`idem_consumer_broker_settle_errors_total`:              0,
+		`idem_consumer_lost_deliveries_total`:                   0,
 		`idem_claims_total{outcome="completed"}`:                1,
 		`idem_poll_errors_total{source="broker"}`:               0,
 	})

@@ -23,6 +23,7 @@ const (
 	mInFlight         = "idem_consumer_in_flight_messages"
 	mHeld             = "idem_consumer_held_messages"
 	mSettleErrors     = "idem_consumer_broker_settle_errors_total"
+	mLostDeliveries   = "idem_consumer_lost_deliveries_total"
 	mLag              = "idem_broker_lag_messages"
 	mOutboxPublished  = "idem_outbox_published_total"
 	mOutboxPubDur     = "idem_outbox_publish_duration_seconds"
@@ -110,6 +111,8 @@ var metricDefs = []metricDef{
 		"Deliveries held now, summed over watched consumers."},
 	{mSettleErrors, "counter", nil, nil, sourceConsumerSts,
 		"Ack, nak and term calls the broker refused, summed over watched consumers."},
+	{mLostDeliveries, "counter", nil, nil, sourceConsumerSts,
+		"Deliveries the broker reported lost (broker.ErrDeliveryLost: connection closed, partition revoked...) before the consumer settled them; the broker delivers them again. Summed over watched consumers."},
 	{mLag, "gauge", nil, nil, sourceLag,
 		"Messages of the watched subscriptions not settled yet (broker.LagReporter), polled at most once per PollInterval. Absent while the poll fails."},
 	{mOutboxPublished, "counter", nil, nil, sourceOutbox,

@@ -95,7 +95,7 @@ func watchAll(col *promidem.Collector) {
 	col.GuardHooks()
 	col.ConsumerHooks()
 	col.WatchStore(&fakeStater{st: idem.Stats{Completed: 1}})
-	col.WatchConsumer(fakeConsumer{consumer.Stats{InFlight: 2, HeldNow: 1, SettleErrors: 5}})
+	col.WatchConsumer(fakeConsumer{consumer.Stats{InFlight: 2, HeldNow: 1, SettleErrors: 5, Lost: 3}})
 	col.WatchLag(&fakeLag{n: 7})
 	col.OutboxHooks().OnStats(context.Background(), outboxStats())
 }

@@ -143,8 +143,8 @@ type Collector struct {
 	outboxErrors    [6]prometheus.Counter
 	pollErrors      [2]prometheus.Counter
 
-	recordsDesc, inFlightDesc, heldDesc, settleErrDesc, lagDesc *prometheus.Desc
-	outboxMsgDesc, outboxOldestDesc                             *prometheus.Desc
+	recordsDesc, inFlightDesc, heldDesc, settleErrDesc, lostDesc, lagDesc *prometheus.Desc
+	outboxMsgDesc, outboxOldestDesc                                       *prometheus.Desc
 
 	mu        sync.Mutex // guards what follows; held across a poll
 	staters   []idem.Stater
@@ -276,10 +276,11 @@ func New(cfg Config) (*Collector, error) {
 	c.inFlightDesc = desc(mInFlight)
 	c.heldDesc = desc(mHeld)
 	c.settleErrDesc = desc(mSettleErrors)
+	c.lostDesc = desc(mLostDeliveries)
 	c.lagDesc = desc(mLag)
 	c.outboxMsgDesc = desc(mOutboxMessages)
 	c.outboxOldestDesc = desc(mOutboxOldest)
-	c.descs = []*prometheus.Desc{c.recordsDesc, c.inFlightDesc, c.heldDesc, c.settleErrDesc, c.lagDesc, c.outboxMsgDesc, c.outboxOldestDesc}
+	c.descs = []*prometheus.Desc{c.recordsDesc, c.inFlightDesc, c.heldDesc, c.settleErrDesc, c.lostDesc, c.lagDesc, c.outboxMsgDesc, c.outboxOldestDesc}
 	return c, nil
 }
 
@@ -383,16 +384,18 @@ func (c *Collector) collectPolled(ch chan<- prometheus.Metric) {
 		}
 	}
 	if len(c.consumers) > 0 {
-		var inFlight, held, settleErrs int64
+		var inFlight, held, settleErrs, lost int64
 		for _, s := range c.consumers {
 			st := s.Stats()
 			inFlight += st.InFlight
 			held += st.HeldNow
 			settleErrs += st.SettleErrors
+			lost += st.Lost
 		}
 		ch <- prometheus.MustNewConstMetric(c.inFlightDesc, prometheus.GaugeValue, float64(inFlight))
 		ch <- prometheus.MustNewConstMetric(c.heldDesc, prometheus.GaugeValue, float64(held))
 		ch <- prometheus.MustNewConstMetric(c.settleErrDesc, prometheus.CounterValue, float64(settleErrs))
+		ch <- prometheus.MustNewConstMetric(c.lostDesc, prometheus.CounterValue, float64(lost))
 	}
 	if c.outbox.seen {
 		ch <- prometheus.MustNewConstMetric(c.outboxMsgDesc, prometheus.GaugeValue, c.outbox.pending, outboxStatuses[0])

@@ -456,14 +456,16 @@ func TestUnreachableAtStart(t *testing.T) {
 // tcpProxy forwards TCP connections from a loopback port to target:
 // cutting it closes every connection it carries (a network failure, as
 // both ends see it) while it keeps accepting new ones; blackholing drops
-// what its connections carry instead, closing nothing.
+// what its connections carry instead, closing nothing; while refusing, it
+// closes each new connection at once.
 type tcpProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	pairs  []*proxied
-	wg     sync.WaitGroup
-	once   sync.Once
+	ln       net.Listener
+	target   string
+	refusing atomic.Bool
+	mu       sync.Mutex
+	pairs    []*proxied
+	wg       sync.WaitGroup
+	once     sync.Once
 }
 
 // proxied is one carried connection: client c, upstream u.
@@ -487,6 +489,10 @@ func proxy(t testing.TB, listen, target string) *tcpProxy {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if p.refusing.Load() {
+				c.Close()
+				continue
 			}
 			u, err := net.Dial("tcp", target)
 			if err != nil {

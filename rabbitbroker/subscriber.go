@@ -614,7 +614,12 @@ func (a *acker) InProgress(ctx context.Context) error {
 	return nil
 }
 
+// Lost implements broker.LostNotifier: the delivery's connection's
+// channel, closed when the connection (or a channel of it) dies.
+func (a *acker) Lost() <-chan struct{} { return a.g.l.dead }
+
 var (
+	_ broker.LostNotifier    = (*acker)(nil)
 	_ broker.Subscriber      = (*Subscriber)(nil)
 	_ broker.DeliveryLimiter = (*Subscriber)(nil)
 	_ broker.LagReporter     = (*Subscriber)(nil)
