@@ -17,9 +17,13 @@
 // out of Seq order is still published (no cursor), settlements mark rows
 // sent, rescheduled or failed atomically, a crashed claimer's rows come back
 // unchanged, failed rows are listed and re-queued, sent rows are purged in
-// batches, stats count the backlog, and per-key order holds. With the
-// relay: every message published exactly once by several relays at once, a
-// second publish only after a crash between publish and mark-sent, the
+// batches, stats count the backlog, per-key order holds, any error text
+// (NUL, invalid UTF-8, too long) is stored, and a call of several messages
+// at the payload limit is written. With the relay: every message published
+// exactly once by several relays at once, a second publish only after a
+// crash between publish and mark-sent, a shutdown right after publishing
+// still marking the batch sent, a frozen relay's rows freed after its Hold
+// (Features.HoldEnds), a row whose headers do not decode failed alone, the
 // seed's backoff schedule on an injected clock, failed plus the hook after
 // the last attempt, one bad message not costing its batch an attempt, a
 // broker outage longer than the backoff losing nothing, per-key order with
