@@ -189,28 +189,38 @@ func inProgress(t *testing.T, st idem.Store, key string) bool {
 // dead-lettered; the redelivered copy then acquires the key at once (no
 // "in progress elsewhere" nak) and takes effect once.
 func TestLostWhileHeldForItsHandler(t *testing.T) {
-	for _, mode := range []string{"single", "batch"} {
+	for _, mode := range []string{"single", "batch", "tx"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t)
 			sub, rec := e.cutSub("g")
 			cfg := e.lostConfig(rec)
 			led := newLedger()
 			var held atomic.Int64 // handler runs that found the database down
-			setEffect(&cfg, mode, func(m *broker.Message) error {
+			effect := func(m *broker.Message) error {
 				if m.Delivery == 1 {
 					held.Add(1)
 					return fmt.Errorf("%w: database down", idem.ErrUnavailable)
 				}
 				led.add(m.ID, "")
 				return nil
-			})
+			}
+			if mode == "tx" { // no runtime claim: the transaction's own
+				cfg.TxHandler = func(ctx context.Context, it consumer.TxItem) (consumer.TxOutcome, error) {
+					if err := effect(it.Msg); err != nil {
+						return consumer.TxOutcome{}, err
+					}
+					return consumer.TxOutcome{Status: consumer.TxDone}, nil
+				}
+			} else {
+				setEffect(&cfg, mode, effect)
+			}
 			c, stop := e.runA(t, cfg)
 			waitFor(t, "the delivery held", func() bool { return c.Stats().HeldNow == 1 && held.Load() > 0 })
 			if n := sub.lose(); n != 1 {
 				t.Fatalf("lost %d deliveries, want 1", n)
 			}
 			waitLetGo(t, c)
-			if inProgress(t, e.store, "a") {
+			if mode != "tx" && inProgress(t, e.store, "a") {
 				t.Fatal("the lost delivery's claim is still held: the redelivered copy would wait for its lease")
 			}
 			sub.redeliver(t)
@@ -325,20 +335,28 @@ func TestLostWhileHandlerRuns(t *testing.T) {
 // delivery (broker.DeliveryLimiter) because its handler fails is lost: it
 // is neither kept nor dead-lettered (the broker has it again), and its
 // redelivered copy takes effect. Before, the consumer kept retrying the
-// lost delivery until its attempts were used up and dead-lettered it.
+// lost delivery in process (until its attempts were used up, and then
+// dead-lettered it).
 func TestLostOnLastDelivery(t *testing.T) {
+	for _, mode := range []string{"single", "batch"} {
+		t.Run(mode, func(t *testing.T) { testLostOnLastDelivery(t, mode) })
+	}
+}
+
+func testLostOnLastDelivery(t *testing.T, mode string) {
 	e := newEnv(t)
 	sub, rec := e.cutSub("g")
 	sub.limit = 2
 	cfg := e.lostConfig(rec)
+	cfg.MaxAttempts = 1000 // retried in process until the loss, not dead-lettered for its attempts
 	led := newLedger()
-	cfg.Handler = func(ctx context.Context, m *broker.Message) ([]byte, error) {
+	setEffect(&cfg, mode, func(m *broker.Message) error {
 		if m.Delivery <= 2 {
-			return nil, errBoom
+			return errBoom
 		}
 		led.add(m.ID, "")
-		return nil, nil
-	}
+		return nil
+	})
 	c, stop := e.runA(t, cfg)
 	waitFor(t, "the last delivery held", func() bool {
 		s := c.Stats()
