@@ -108,6 +108,7 @@ func Run(t *testing.T, f Factory, feat Features) {
 		{"SeveralRelays", s.testSeveralRelays},
 		{"CrashAfterPublish", s.testCrashAfterPublish},
 		{"ShutdownAfterPublish", s.testShutdownAfterPublish},
+		{"ShutdownMidFallback", s.testShutdownMidFallback},
 		{"FrozenRelayFreesItsRows", s.testFrozenRelay},
 		{"BackoffSchedule", s.testBackoffSchedule},
 		{"FailedAfterMaxAttempts", s.testFailedHook},

@@ -202,6 +202,34 @@ func (s *suite) testShutdownAfterPublish(t *testing.T) {
 	}
 }
 
+// testShutdownMidFallback: a batch's publish failed and the relay is
+// publishing its messages one by one when it is shut down: the ones the
+// broker took are marked sent (not left to be published again), the
+// others are freed unchanged (no attempt counted).
+func (s *suite) testShutdownMidFallback(t *testing.T) {
+	h := s.harness(t)
+	all := enqueue(t, h, true, msgs(3)...)
+	rec := NewRecorder()
+	rec.Refuse(all[2], fmt.Errorf("refused")) // fails the batch
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	rec.After(func([]*broker.Message) { cancel() }) // after the first single publish
+	relay := newRelay(t, outbox.Config{Backend: h.Backend, Publisher: rec})
+	if n, err := relay.RunOnce(ctx); n != len(all) || err != nil {
+		t.Fatalf("RunOnce = %d, %v", n, err)
+	}
+	if rec.Count(all[0]) != 1 || rec.Total() != 1 {
+		t.Fatalf("published %d messages (%s: %d), want %s alone", rec.Total(), all[0], rec.Count(all[0]), all[0])
+	}
+	rows := claim(t, h, outbox.ClaimRequest{Now: later()}).Rows()
+	wantIDs(t, "left pending", ids(rows), all[1:])
+	for _, r := range rows {
+		if r.Attempts != 0 {
+			t.Fatalf("a row not tried before the shutdown counts an attempt: %+v", r)
+		}
+	}
+}
+
 // frozenPublisher stands for a relay that stopped mid-publish without its
 // connection closing (its host lost power, a network partition, a process
 // frozen): Publish blocks, whatever its context says, until thawed.
