@@ -376,13 +376,25 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	start := r.clockNow()
 	errs, failed := r.publishGood(ctx, rows)
 	at := r.clockNow()
+	s := Settlement{Now: r.now()}
 	if ctx.Err() != nil && failed {
 		// Shut down mid-publish: the failures say nothing about the
-		// messages. Free them all (Release, deferred); published ones are
-		// published again by the next relay.
+		// messages. Mark what the broker took sent; the rows not named
+		// are freed unchanged for the next relay.
+		for i, row := range rows {
+			if errs[i] == nil {
+				s.Sent = append(s.Sent, row.Seq)
+			}
+		}
+		if len(s.Sent) > 0 {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
+			defer cancel()
+			if err := b.Settle(sctx, s); err != nil {
+				r.opError(ctx, "settle", err)
+			}
+		}
 		return len(rows), nil
 	}
-	s := Settlement{Now: r.now()}
 	var sent []Row
 	var retries []RetryEvent
 	var fails []FailedEvent
