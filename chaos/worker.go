@@ -339,6 +339,19 @@ func (a *countingAcker) Ack(ctx context.Context) error {
 	return err
 }
 
+// InProgress: a delivery the broker reports lost (broker.ErrDeliveryLost)
+// is no longer this process's: the consumer drops it with no broker call
+// (the broker redelivers it), so it is settled here, or the drain would
+// wait for it for ever.
+func (a *countingAcker) InProgress(ctx context.Context) error {
+	err := a.Acker.InProgress(ctx)
+	if errors.Is(err, broker.ErrDeliveryLost) {
+		a.s.ran.Delete(a.m)
+		a.settled()
+	}
+	return err
+}
+
 func (a *countingAcker) Nak(ctx context.Context, d time.Duration) error {
 	a.s.ran.Delete(a.m)
 	err := a.Acker.Nak(ctx, d)
