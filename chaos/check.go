@@ -32,6 +32,9 @@ type Result struct {
 	// RerunsUnrecorded: of Reruns, those whose first holder had acked the
 	// message with its completion unrecorded (idem.ErrUnrecorded).
 	RerunsUnrecorded int `json:"reruns_after_unrecorded"`
+	// RerunsLost: of Reruns, those whose first holder learned that its
+	// claim was lost (taken over) before its completion was recorded.
+	RerunsLost int `json:"reruns_after_lost_claim"`
 	// DeadLetterRepublished: extra copies of a dead letter with the same
 	// dead-letter id, on a broker without publish dedup (RabbitMQ): a
 	// publish whose outcome was unknown, retried.
@@ -181,42 +184,37 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 	report("poison messages had an effect", poisonRan)
 	report("good messages dead-lettered", goodDead)
 
-	// Effects a previous holder applied without completing: expected only
-	// after a fault took that holder's claims (killed, crashed, stalled),
-	// or after that holder acked the message with its completion
-	// unrecorded (idem.ErrUnrecorded: a store fault kept the completion
-	// from being recorded within the lease; another process's redelivery
-	// after the lease runs the handler again, which the fence row
-	// absorbs).
-	rr, err := c.ledger.Query(ctx, `SELECT r.msg_id, r.old_pid, r.pid, EXISTS (SELECT 1 FROM `+c.name+`.unrecorded u
-		WHERE u.msg_id = r.msg_id AND u.pid = r.old_pid) FROM `+c.name+`.rerun r`)
+	// Effects a previous holder applied without completing (re-runs, each
+	// absorbed by the fence row): see judgeRerun.
+	rr, err := c.ledger.Query(ctx, `SELECT r.msg_id, r.old_pid, r.pid,
+		EXISTS (SELECT 1 FROM `+c.name+`.unrecorded u WHERE u.msg_id = r.msg_id AND u.pid = r.old_pid),
+		EXISTS (SELECT 1 FROM `+c.name+`.lost l WHERE l.msg_id = r.msg_id AND l.pid = r.old_pid AND l.token = r.old_token),
+		EXISTS (SELECT 1 FROM `+c.name+`.pending p WHERE p.msg_id = r.msg_id AND p.pid = r.old_pid AND p.token = r.old_token)
+		FROM `+c.name+`.rerun r`)
 	if err != nil {
 		c.problem("read reruns: %v", err)
 	} else {
 		var bad []string
 		for rr.Next() {
-			var id string
-			var oldPid, pid int
-			var unrecorded bool
-			if err := rr.Scan(&id, &oldPid, &pid, &unrecorded); err != nil {
+			var r rerun
+			if err := rr.Scan(&r.ID, &r.OldPid, &r.Pid, &r.Unrecorded, &r.Lost, &r.Pending); err != nil {
 				c.problem("read reruns: %v", err)
 				break
 			}
 			c.fmu.Lock()
-			why := c.faultPids[oldPid]
+			why := c.faultPids[r.OldPid]
 			c.fmu.Unlock()
-			switch {
-			case why != "":
+			switch v, reason := judgeRerun(r, why, count[r.ID]); v {
+			case rerunFault:
 				res.Reruns++
-			case unrecorded && pid != oldPid:
-				// Another process's claim after the lease lapsed; the
-				// first holder's own guard answers its own claims "in
-				// progress" while it records the completion
-				// (docs/guard.md), so the same pid again is a bug.
+			case rerunUnrecorded:
 				res.Reruns++
 				res.RerunsUnrecorded++
+			case rerunLost:
+				res.Reruns++
+				res.RerunsLost++
 			default:
-				bad = append(bad, fmt.Sprintf("%s (pid %d after pid %d, which no fault touched)", id, pid, oldPid))
+				bad = append(bad, fmt.Sprintf("%s (pid %d after pid %d: %s)", r.ID, r.Pid, r.OldPid, reason))
 			}
 		}
 		rr.Close()
@@ -299,4 +297,68 @@ func (c *cell) check(ctx context.Context, res Result) Result {
 	c.fmu.Unlock()
 	res.Pass = res.DupEffects == 0 && res.Lost == 0 && len(res.Problems) == 0
 	return res
+}
+
+// rerun is a re-run the fence row recorded: message ID's effect, applied
+// under OldPid's claim (the fence row's token, old_token), found by Pid's
+// later claim and not applied again.
+type rerun struct {
+	ID          string
+	OldPid, Pid int
+	// Unrecorded: OldPid acked ID with its completion unrecorded
+	// (consumer.Hooks.OnUnrecorded; the unrecorded table).
+	Unrecorded bool
+	// Lost: OldPid's guard found that very claim lost, taken over or
+	// removed, while held or at its completion (Hooks.OnLeaseLost; the
+	// lost table).
+	Lost bool
+	// Pending: OldPid's guard answered that claim's completion
+	// ErrUnrecorded and handed it to its background (the pending table).
+	Pending bool
+}
+
+type rerunVerdict int
+
+const (
+	rerunBad        rerunVerdict = iota // a duplicate effect (absorbed by the fence, but a bug)
+	rerunFault                          // the first holder was killed, crashed or stalled
+	rerunUnrecorded                     // the first holder acked with its completion unrecorded
+	rerunLost                           // the first holder's claim was found lost before its completion
+)
+
+// judgeRerun says whether r is accounted for. faulted is why a fault took
+// r.OldPid's claims ("" if none did); rows is the message's ledger rows.
+//
+// A re-run is expected after a fault took the first holder's claims. A
+// live, unfaulted holder's effect runs again only in the window of
+// docs/guard.md: its lease lapsed before its completion was recorded (a
+// store restart, outage or partition), and another process took the key
+// over. Its first holder then either acked the message with the
+// completion unrecorded (the consumer records that: Unrecorded), or was
+// told its claim was lost (ErrFenced on Complete or CompleteBatch, or the
+// heartbeat found it taken over: Lost; the consumer naks it as "claim
+// lost before completion"). A loss found only after the guard had handed
+// the completion to its background (Pending) is no excuse of its own: the
+// caller was told ErrUnrecorded then, and the consumer must have recorded
+// that ack (a consumer that ignores the error does not). The same process
+// again is never the window: its guard answers its own claims in
+// progress (the holding set). And the ledger must still hold the
+// message's one effect row: the fence absorbs a re-run, a second row is a
+// duplicate effect whatever explains it.
+func judgeRerun(r rerun, faulted string, rows int) (rerunVerdict, string) {
+	switch {
+	case rows != 1:
+		return rerunBad, fmt.Sprintf("the ledger holds %d effect rows for it", rows)
+	case faulted != "":
+		return rerunFault, faulted
+	case r.Pid == r.OldPid && (r.Unrecorded || r.Lost):
+		return rerunBad, "the same process again, which holds its own claims in progress"
+	case r.Unrecorded:
+		return rerunUnrecorded, "its first holder acked it with the completion unrecorded"
+	case r.Lost && !r.Pending:
+		return rerunLost, "its first holder's claim was found lost before its completion"
+	case r.Lost:
+		return rerunBad, "its first holder's claim was found lost after its completion was answered unrecorded, and no unrecorded ack was recorded"
+	}
+	return rerunBad, "which no fault touched"
 }

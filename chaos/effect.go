@@ -27,7 +27,10 @@ var (
 // fence table (fenced mode) with the highest token that applied each
 // key's effect; and a row per effect found already applied by an earlier
 // holder that never completed its claim (the harness checks each against
-// the faults it injected).
+// the faults it injected); the acks with the completion unrecorded
+// (consumer.Hooks.OnUnrecorded); and the guard's claims found lost and
+// completions handed to its background (guardEvents), which explain some
+// re-runs.
 func ledgerDDL(schema string) string {
 	return `CREATE SCHEMA ` + schema + `;
 CREATE TABLE ` + schema + `.ledger (msg_id text NOT NULL, payload bytea, token numeric(20) NOT NULL, pid int NOT NULL,
@@ -37,6 +40,10 @@ CREATE TABLE ` + schema + `.fence (msg_id text PRIMARY KEY, token numeric(20) NO
 CREATE TABLE ` + schema + `.rerun (msg_id text NOT NULL, old_token numeric(20) NOT NULL, old_pid int NOT NULL,
 	old_at timestamptz NOT NULL, token numeric(20) NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE ` + schema + `.unrecorded (msg_id text NOT NULL, pid int NOT NULL, err text NOT NULL,
+	at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE ` + schema + `.lost (msg_id text NOT NULL, token numeric(20) NOT NULL, pid int NOT NULL, err text NOT NULL,
+	at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE ` + schema + `.pending (msg_id text NOT NULL, token numeric(20) NOT NULL, pid int NOT NULL, err text NOT NULL,
 	at timestamptz NOT NULL DEFAULT clock_timestamp())`
 }
 

@@ -13,7 +13,7 @@ import (
 // lost, msgs/s; then each cell's faults and problems.
 func WriteTable(w io.Writer, rs []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstore\tbroker\tbatch\tmessages\tfaults (hit)\tdup deliveries\tdup effects\tlost\treruns after fault\tfenced\tdead letters\tunrecorded (reruns)\tmsgs/s\tresult\t")
+	fmt.Fprintln(tw, "scenario\tstore\tbroker\tbatch\tmessages\tfaults (hit)\tdup deliveries\tdup effects\tlost\treruns after fault\tfenced\tdead letters\tunrecorded (reruns)\treruns after lost claim\tmsgs/s\tresult\t")
 	var tot Result
 	for _, r := range rs {
 		v := "pass"
@@ -24,8 +24,8 @@ func WriteTable(w io.Writer, rs []Result) error {
 		if r.Batch > 0 {
 			batch = fmt.Sprint(r.Batch)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t%s\t\n", r.Scenario, r.Store, r.Broker, batch, r.Messages,
-			r.Injected, r.Hit, r.DupDeliveries, r.DupEffects, r.Lost, r.Reruns, r.Fenced, r.DeadLettered, r.Unrecorded, r.RerunsUnrecorded, r.MsgsPerSec, v)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%d\t%.0f\t%s\t\n", r.Scenario, r.Store, r.Broker, batch, r.Messages,
+			r.Injected, r.Hit, r.DupDeliveries, r.DupEffects, r.Lost, r.Reruns, r.Fenced, r.DeadLettered, r.Unrecorded, r.RerunsUnrecorded, r.RerunsLost, r.MsgsPerSec, v)
 		tot.Messages += r.Messages
 		tot.Injected += r.Injected
 		tot.Hit += r.Hit
@@ -37,6 +37,7 @@ func WriteTable(w io.Writer, rs []Result) error {
 		tot.DeadLettered += r.DeadLettered
 		tot.Unrecorded += r.Unrecorded
 		tot.RerunsUnrecorded += r.RerunsUnrecorded
+		tot.RerunsLost += r.RerunsLost
 		tot.Elapsed += r.Elapsed
 	}
 	if len(rs) > 1 {
@@ -44,8 +45,8 @@ func WriteTable(w io.Writer, rs []Result) error {
 		if tot.Elapsed > 0 {
 			rate = float64(tot.Messages) / tot.Elapsed
 		}
-		fmt.Fprintf(tw, "total\t\t\t\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%.0f\t\t\n", tot.Messages, tot.Injected, tot.Hit,
-			tot.DupDeliveries, tot.DupEffects, tot.Lost, tot.Reruns, tot.Fenced, tot.DeadLettered, tot.Unrecorded, tot.RerunsUnrecorded, rate)
+		fmt.Fprintf(tw, "total\t\t\t\t%d\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d)\t%d\t%.0f\t\t\n", tot.Messages, tot.Injected, tot.Hit,
+			tot.DupDeliveries, tot.DupEffects, tot.Lost, tot.Reruns, tot.Fenced, tot.DeadLettered, tot.Unrecorded, tot.RerunsUnrecorded, tot.RerunsLost, rate)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -19,7 +19,7 @@ func TestReport(t *testing.T) {
 	if err := WriteTable(&tb, rs); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"batch", "stall / bolt / kafka / batch50 (seed", "dup deliveries", "dup effects", "lost", "msgs/s", "unrecorded (reruns)", "FAIL", "pass", "total", "held 3", "problem: 1 messages lost"} {
+	for _, want := range []string{"batch", "stall / bolt / kafka / batch50 (seed", "dup deliveries", "dup effects", "lost", "msgs/s", "unrecorded (reruns)", "reruns after lost claim", "FAIL", "pass", "total", "held 3", "problem: 1 messages lost"} {
 		if !strings.Contains(tb.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, tb.String())
 		}
@@ -33,7 +33,7 @@ func TestReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"scenario", "store", "broker", "messages", "faults", "faults_injected", "faults_hit",
-		"duplicate_deliveries", "duplicate_effects", "lost", "msgs_per_sec", "pass", "unrecorded", "reruns_after_unrecorded"} {
+		"duplicate_deliveries", "duplicate_effects", "lost", "msgs_per_sec", "pass", "unrecorded", "reruns_after_unrecorded", "reruns_after_lost_claim"} {
 		if _, ok := back[0][f]; !ok {
 			t.Fatalf("JSON lacks %q: %s", f, js.String())
 		}

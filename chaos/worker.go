@@ -179,6 +179,15 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 		return err
 	}
 	defer st.close()
+	pool, err := newPool(ctx, spec.LedgerURL, 16)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// Closed after the guard (deferred before it): the guard's last
+	// background answers are recorded too.
+	events := newGuardEvents(pool, spec.Schema, os.Getpid())
+	defer events.close()
 	hooks := idem.Hooks{
 		OnClaim: func(_ context.Context, e idem.ClaimEvent) {
 			switch {
@@ -188,9 +197,8 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 				ctr.Add(shm.Claims, 1)
 			}
 		},
-		OnLeaseLost: func(context.Context, []byte, uint64, error) { ctr.Add(shm.LeaseLost, 1) },
 	}
-	opts := []idem.Option{idem.WithClock(clock), idem.WithHooks(hooks), idem.WithLogger(log)}
+	opts := []idem.Option{idem.WithClock(clock), idem.WithHooks(hooks, events.hooks(func() { ctr.Add(shm.LeaseLost, 1) })), idem.WithLogger(log)}
 	if spec.Timing.Lease > 0 {
 		opts = append(opts, idem.WithLease(time.Duration(spec.Timing.Lease)))
 	}
@@ -214,11 +222,6 @@ func runConsumer(ctx context.Context, spec Spec, log *slog.Logger) error {
 	}
 	ran := new(sync.Map)
 	eff := &effect{spec: spec, ctr: ctr, crash: crash, ran: ran, pid: os.Getpid(), st: st}
-	pool, err := newPool(ctx, spec.LedgerURL, 16)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	eff.pool, eff.ledgerPool = pool, pool
 	if spec.Effect == EffectTx {
 		eff.pool = st.pool
