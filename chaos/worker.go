@@ -362,17 +362,6 @@ func (a *countingAcker) Nak(ctx context.Context, d time.Duration) error {
 	return err
 }
 
-// InProgress: a delivery the broker reports lost (a Kafka partition
-// revoked, a RabbitMQ channel closed) is dropped by the consumer with no
-// Ack, Nak or Term; it is no longer this process's to settle.
-func (a *countingAcker) InProgress(ctx context.Context) error {
-	err := a.Acker.InProgress(ctx)
-	if errors.Is(err, broker.ErrDeliveryLost) {
-		a.settled()
-	}
-	return err
-}
-
 func (a *countingAcker) Term(ctx context.Context, reason string) error {
 	a.s.ran.Delete(a.m)
 	err := a.Acker.Term(ctx, reason)
