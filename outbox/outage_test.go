@@ -80,15 +80,25 @@ type outageRig struct {
 	retry  []outbox.RetryEvent
 }
 
-func newOutageRig(t *testing.T) *outageRig {
+func newOutageRig(t *testing.T) *outageRig { return newOutageRigWith(t, nil) }
+
+func newOutageRigWith(t *testing.T, pub broker.Publisher) *outageRig {
 	t.Helper()
 	g := &outageRig{clock: &manualClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
 	g.ob = memoutbox.New(memoutbox.Config{Clock: g.clock})
 	g.pub = &scriptedPublisher{fail: func(*broker.Message) error { return nil }}
-	r, err := outbox.New(outbox.Config{Backend: g.ob, Publisher: g.pub, Clock: g.clock, Logger: slog.New(slog.DiscardHandler),
+	cfg := outbox.Config{Backend: g.ob, Publisher: g.pub}
+	if pub != nil {
+		cfg = outbox.Config{Backend: g.ob, Publisher: pub, PublishTimeout: time.Millisecond}
+	}
+	r, err := outbox.New(outbox.Config{Backend: cfg.Backend, Publisher: cfg.Publisher, PublishTimeout: cfg.PublishTimeout, Clock: g.clock, Logger: slog.New(slog.DiscardHandler),
 		Hooks: outbox.Hooks{
-			OnFailed: func(_ context.Context, e outbox.FailedEvent) { g.mu.Lock(); g.failed = append(g.failed, e); g.mu.Unlock() },
-			OnRetry:  func(_ context.Context, e outbox.RetryEvent) { g.mu.Lock(); g.retry = append(g.retry, e); g.mu.Unlock() },
+			OnFailed: func(_ context.Context, e outbox.FailedEvent) {
+				g.mu.Lock()
+				g.failed = append(g.failed, e)
+				g.mu.Unlock()
+			},
+			OnRetry: func(_ context.Context, e outbox.RetryEvent) { g.mu.Lock(); g.retry = append(g.retry, e); g.mu.Unlock() },
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +178,9 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 			}
 			g.pub.setFail(func(*broker.Message) error { return nil })
 			g.round(t)
-			if got := g.pub.published(); !slices.Equal(got, []string{"a", "b", "c"}) {
+			got := g.pub.published()
+			slices.Sort(got) // the jitter orders them
+			if !slices.Equal(got, []string{"a", "b", "c"}) {
 				t.Fatalf("published %v after the outage", got)
 			}
 			if st, err := g.ob.Stats(context.Background()); err != nil || st.Failed != 0 || st.Pending != 0 {
@@ -254,5 +266,35 @@ func TestFailureBesideAcceptedCounts(t *testing.T) {
 				t.Fatalf("failed %v, want [x] after 3 attempts", ids)
 			}
 		})
+	}
+}
+
+// hungPublisher answers nothing until its context ends.
+type hungPublisher struct{}
+
+func (hungPublisher) Publish(ctx context.Context, _ ...*broker.Message) error {
+	<-ctx.Done()
+	return fmt.Errorf("%w (%w)", broker.ErrRejected, ctx.Err()) // a rejection it could not deliver in time
+}
+func (hungPublisher) Close() error { return nil }
+
+// TestHungBrokerSpendsNoAttempts: a broker that answers nothing: the batch
+// times out and no message is tried one by one (the relay's not-tried
+// error, whatever the batch's error said): an outage, nothing fails.
+func TestHungBrokerSpendsNoAttempts(t *testing.T) {
+	g := newOutageRigWith(t, hungPublisher{})
+	g.enqueue(t, "a", "b")
+	for i := range 6 {
+		if n := g.round(t); n != 2 {
+			t.Fatalf("round %d claimed %d rows", i, n)
+		}
+	}
+	if ids := g.failedIDs(); len(ids) != 0 {
+		t.Fatalf("a hung broker failed %v", ids)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if e := g.retry[len(g.retry)-1]; !e.Outage || e.Row.Attempts != 6 {
+		t.Fatalf("last retry %+v, want an outage retry at attempt 6", e)
 	}
 }

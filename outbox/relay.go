@@ -68,6 +68,12 @@ type RetryEvent struct {
 	Row   Row // Attempts including the failed one
 	Delay time.Duration
 	Err   error
+	// Outage: the round was a broker outage (the broker took none of its
+	// messages and every failure was the broker's absence: Err wraps
+	// idem.ErrUnavailable, idem.ErrUnknownOutcome or a deadline, and not
+	// broker.ErrRejected). The attempt is counted in Row.Attempts but
+	// MaxAttempts does not fail the row.
+	Outage bool
 }
 
 // FailedEvent describes one row marked failed.
@@ -93,7 +99,9 @@ type Config struct {
 	// after the earlier one was sent or failed (Backend.Claim).
 	Ordered bool
 	// MaxAttempts before a row is marked failed (default 3, seed 000;
-	// Unlimited: retry for ever).
+	// Unlimited: retry for ever). Rounds that are a broker outage (see
+	// RetryEvent.Outage) count attempts but fail no row: an outage of
+	// any length spends no message's attempts.
 	MaxAttempts int
 	// Backoff between attempts (default 1s x1.5, at most 10s, +10% jitter).
 	Backoff Backoff
@@ -398,6 +406,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	var sent []Row
 	var retries []RetryEvent
 	var fails []FailedEvent
+	outage := isOutage(rows, errs)
 	for i, row := range rows {
 		row.Attempts++
 		row.UpdatedAt = at
@@ -409,7 +418,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 		msg := TruncateError(errs[i].Error())
 		row.LastError = msg
-		if row.Bad != "" || r.cfg.MaxAttempts != Unlimited && row.Attempts >= r.cfg.MaxAttempts {
+		if row.Bad != "" || !outage && r.cfg.MaxAttempts != Unlimited && row.Attempts >= r.cfg.MaxAttempts {
 			s.Failed = append(s.Failed, Failure{Seq: row.Seq, Err: msg})
 			row.Status = StatusFailed
 			fails = append(fails, FailedEvent{Row: row, Err: errs[i]})
@@ -418,7 +427,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		d := r.cfg.Backoff.Delay(row.Attempts, r.cfg.Rand())
 		s.Retry = append(s.Retry, Retry{Seq: row.Seq, Delay: d, Err: msg})
 		row.NextAttemptAt = at.Add(d)
-		retries = append(retries, RetryEvent{Row: row, Delay: d, Err: errs[i]})
+		retries = append(retries, RetryEvent{Row: row, Delay: d, Err: errs[i], Outage: outage && row.Bad == ""})
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
 	defer cancel()
@@ -430,8 +439,13 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if h.OnPublished != nil && len(sent) > 0 {
 		h.OnPublished(ctx, PublishedEvent{Rows: sent, Duration: at.Sub(start), At: at})
 	}
+	if outage && len(retries) > 0 {
+		r.cfg.Logger.Warn("outbox relay: broker outage: no message published, rows rescheduled without using up their attempts", "rows", len(retries), "delay", retries[0].Delay, "err", retries[0].Err)
+	}
 	for _, e := range retries {
-		r.cfg.Logger.Info("outbox relay: publish failed, rescheduled", "id", e.Row.ID, "topic", e.Row.Topic, "attempts", e.Row.Attempts, "delay", e.Delay, "err", e.Err)
+		if !e.Outage {
+			r.cfg.Logger.Info("outbox relay: publish failed, rescheduled", "id", e.Row.ID, "topic", e.Row.Topic, "attempts", e.Row.Attempts, "delay", e.Delay, "err", e.Err)
+		}
 		if h.OnRetry != nil {
 			h.OnRetry(ctx, e)
 		}
@@ -451,6 +465,43 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 func (r *Relay) hold() time.Duration { return 2*r.cfg.PublishTimeout + time.Second }
 
 var errNotTried = errors.New("outbox: not published before the publish timeout")
+
+// isOutage reports whether a round's failures say the broker is absent
+// rather than anything about the messages: the broker took none of the
+// (not Bad) rows, and every one failed with an outage-class error. Such a
+// round reschedules its rows without failing them at MaxAttempts.
+func isOutage(rows []Row, errs []error) bool {
+	if errs == nil {
+		return false
+	}
+	tried := false
+	for i, row := range rows {
+		if row.Bad != "" {
+			continue
+		}
+		if !outageClass(errs[i]) {
+			return false // published (nil), rejected, or unclassified
+		}
+		tried = true
+	}
+	return tried
+}
+
+// outageClass: the error says the broker could not be reached or did not
+// answer in time, and not that it refused the message (broker.ErrRejected).
+// A row not tried before the publish timeout is outage-class whatever the
+// batch's error was (it was not published, nor refused on its own).
+func outageClass(err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, errNotTried):
+		return true
+	case errors.Is(err, broker.ErrRejected):
+		return false
+	}
+	return errors.Is(err, idem.ErrUnavailable) || errors.Is(err, idem.ErrUnknownOutcome) || errors.Is(err, context.DeadlineExceeded)
+}
 
 // publishGood publishes the rows that are not Bad (publish) and fails the
 // Bad ones without trying. It returns nil when every row was published,
