@@ -14,9 +14,9 @@
 //     once (counted at the broker, dedup off).
 //   - TestBrokerOutage: the broker (an embedded nats-server) is shut down
 //     for longer than the relay's whole backoff and started again: with
-//     unlimited attempts the relay catches up by itself; with the seed's 3
-//     attempts the messages fail, raise the hook, and are re-queued. Nothing
-//     is lost; the guarded consumer applies each once.
+//     unlimited attempts, and with the seed's 3 (an outage spends no
+//     message's attempts), the relay catches up by itself and no message
+//     fails. Nothing is lost; the guarded consumer applies each once.
 //   - TestEndToEnd: business transactions (an order row plus its message,
 //     10% rolled back) through the outbox, two relays whose publisher
 //     loses acks now and then, NATS or Kafka, and a guarded consumer that

@@ -188,6 +188,15 @@ func (r *Recorder) SetDown(down bool) {
 	}
 }
 
+// SetDownWith makes every Publish fail with err (nil: succeed again), e.g.
+// an error wrapping idem.ErrUnavailable as a broker adapter returns when
+// it cannot reach its broker.
+func (r *Recorder) SetDownWith(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.down = err
+}
+
 // Refuse makes every Publish holding id fail with err (nil: accept again).
 func (r *Recorder) Refuse(id string, err error) {
 	r.mu.Lock()

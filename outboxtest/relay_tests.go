@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/outbox"
 )
@@ -436,19 +437,25 @@ func (s *suite) testMalformedRow(t *testing.T) {
 }
 
 // testBrokerOutage: the broker is down for longer than the whole backoff.
-// With the default attempts every message ends failed (each reported to
-// OnFailed), none is lost: re-queued after the outage, all are published,
-// once each. With Unlimited attempts they wait out the outage by
-// themselves.
+// When its error says it is unreachable (idem.ErrUnavailable) the rounds
+// are an outage: with the default attempts, as with Unlimited, no message
+// fails and all are published by themselves once it is back. When its
+// error says nothing the relay can classify, the default attempts are used
+// up: every message ends failed (each reported to OnFailed), none is lost:
+// re-queued after the outage, all are published, once each.
 func (s *suite) testBrokerOutage(t *testing.T) {
+	unavailable := fmt.Errorf("%w: outboxtest: broker unreachable", idem.ErrUnavailable)
 	for _, tc := range []struct {
 		name        string
 		maxAttempts int
-	}{{"MaxAttempts3", 0}, {"Unlimited", outbox.Unlimited}} {
+		err         error
+	}{{"MaxAttempts3", 0, ErrBrokerDown}, {"Unlimited", outbox.Unlimited, ErrBrokerDown},
+		{"MaxAttempts3Unavailable", 0, unavailable}} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := s.harness(t)
 			rec := NewRecorder()
-			rec.SetDown(true)
+			rec.SetDownWith(tc.err)
+			outage := tc.maxAttempts == outbox.Unlimited || tc.err != ErrBrokerDown
 			var failed atomic.Int64
 			stop := StartRelay(t, newRelay(t, outbox.Config{Backend: h.Backend, Publisher: rec, BatchSize: 20, MaxAttempts: tc.maxAttempts,
 				PollInterval: 5 * time.Millisecond, Backoff: outbox.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
@@ -457,7 +464,7 @@ func (s *suite) testBrokerOutage(t *testing.T) {
 			for range 5 {
 				all = append(all, enqueue(t, h, true, msgs(10)...)...)
 			}
-			if tc.maxAttempts == 0 {
+			if !outage {
 				WaitFor(t, "every message to fail and be reported", s.feat.Timeout, func() (bool, string) {
 					st, err := h.Backend.Stats(context.Background())
 					return err == nil && st.Failed == int64(len(all)) && failed.Load() == int64(len(all)),
@@ -471,8 +478,13 @@ func (s *suite) testBrokerOutage(t *testing.T) {
 			if rec.Total() != 0 {
 				t.Fatalf("%d messages published while the broker was down", rec.Total())
 			}
+			if outage {
+				if st, err := h.Backend.Stats(context.Background()); err != nil || st.Failed != 0 || failed.Load() != 0 {
+					t.Fatalf("an outage failed messages: %+v, %v, %d reported", st, err, failed.Load())
+				}
+			}
 			rec.SetDown(false)
-			if tc.maxAttempts == 0 {
+			if !outage {
 				if n, err := outbox.RequeueFailed(ctxT(t), h.Backend, 7); err != nil || n != len(all) {
 					t.Fatalf("RequeueFailed = %d, %v; want %d", n, err, len(all))
 				}
