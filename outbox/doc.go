@@ -17,7 +17,12 @@
 // rows), publishes them, and marks them sent. A failed publish reschedules
 // the row with the seed's backoff (1s, x1.5, at most 10s, plus jitter);
 // after MaxAttempts (3) the row is marked failed and Hooks.OnFailed raises
-// the alert; Backend.ListFailed and Backend.Requeue bring it back. A relay
+// the alert; Backend.ListFailed and Backend.Requeue bring it back. A broker
+// outage spends no message's attempts: a round in which the broker took no
+// message and every failure was its absence (idem.ErrUnavailable,
+// idem.ErrUnknownOutcome, a timeout; not broker.ErrRejected) reschedules
+// its rows without failing them, so with the default 3 attempts the relay
+// waits out an outage of any length and catches up by itself. A relay
 // that dies between publishing and marking sent leaves its rows to the next
 // claim: they are published again (the one case of a duplicate publish).
 // The relay never keeps a cursor over row ids, because rows commit out of id
