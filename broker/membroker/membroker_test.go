@@ -89,8 +89,12 @@ func TestPublishedAndValidation(t *testing.T) {
 	}
 	b, _ := membroker.New(membroker.Config{})
 	p := b.NewPublisher()
-	if err := p.Publish(context.Background(), &broker.Message{Topic: "t"}); err == nil {
-		t.Fatal("message without an ID accepted")
+	for _, bad := range []*broker.Message{{Topic: "t"}, {ID: "x"}} {
+		// Refused for good: the outbox relay counts its attempts even
+		// when nothing else is published.
+		if err := p.Publish(context.Background(), bad); !errors.Is(err, broker.ErrRejected) {
+			t.Fatalf("message %+v: %v, want broker.ErrRejected", bad, err)
+		}
 	}
 	m := &broker.Message{ID: "x", Topic: "t", Payload: []byte("p")}
 	_ = p.Publish(context.Background(), m)
