@@ -176,7 +176,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	}
 	for _, m := range msgs {
 		if m.ID == "" || m.Topic == "" {
-			return fmt.Errorf("membroker: message needs an ID and a Topic")
+			return fmt.Errorf("membroker: message needs an ID and a Topic: %w", broker.ErrRejected)
 		}
 	}
 	p.b.mu.Lock()
