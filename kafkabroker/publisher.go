@@ -135,7 +135,8 @@ func (p *Publisher) publishTx(ctx context.Context, recs []*kgo.Record) error {
 // such as MESSAGE_TOO_LARGE) means the batch was refused; a timeout, a
 // cancelled context or a lost connection means the records may or may not
 // have been written: idem.ErrUnknownOutcome (publish again with the same
-// ids; consumers dedup).
+// ids; consumers dedup). MESSAGE_TOO_LARGE also wraps broker.ErrRejected:
+// the record itself is refused, and would be again.
 func produceErr(ctx context.Context, err error) error {
 	var ke *kerr.Error
 	switch {
@@ -143,6 +144,10 @@ func produceErr(ctx context.Context, err error) error {
 		return nil
 	case errors.Is(err, kgo.ErrClientClosed):
 		return broker.ErrClosed
+	case errors.Is(err, kerr.MessageTooLarge):
+		// Larger than MaxMessageBytes or the topic's max.message.bytes:
+		// the same record is refused again.
+		return fmt.Errorf("%w: kafkabroker: publish: %w", broker.ErrRejected, err)
 	case errors.As(err, &ke) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
 		return fmt.Errorf("kafkabroker: publish: %w", err)
 	case ctx.Err() != nil:
@@ -153,17 +158,17 @@ func produceErr(ctx context.Context, err error) error {
 
 func (p *Publisher) toRecord(m *broker.Message) (*kgo.Record, error) {
 	if m == nil {
-		return nil, fmt.Errorf("%w: kafkabroker: nil message", idem.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: kafkabroker: nil message: %w", idem.ErrInvalidArgument, broker.ErrRejected)
 	}
 	if m.ID == "" {
-		return nil, fmt.Errorf("%w: kafkabroker: message without ID (fix it before the first send)", idem.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: kafkabroker: message without ID (fix it before the first send): %w", idem.ErrInvalidArgument, broker.ErrRejected)
 	}
 	topic := m.Topic
 	if topic == "" {
 		topic = p.cfg.Topic
 	}
 	if topic == "" {
-		return nil, fmt.Errorf("%w: kafkabroker: message %s has no topic", idem.ErrInvalidArgument, m.ID)
+		return nil, fmt.Errorf("%w: kafkabroker: message %s has no topic: %w", idem.ErrInvalidArgument, m.ID, broker.ErrRejected)
 	}
 	r := &kgo.Record{Topic: topic, Key: m.Key, Value: m.Payload}
 	if !m.PublishedAt.IsZero() {
