@@ -143,13 +143,13 @@ func TestPublishUnroutableAndWithoutID(t *testing.T) {
 	x := newTopo(t)
 	p := x.publisher(t)
 	err := p.Publish(ctxT(t, 30*time.Second), &broker.Message{ID: "a", Topic: "nobody-listens"})
-	if !errors.Is(err, rabbitbroker.ErrUnroutable) {
-		t.Fatalf("Publish to an unbound routing key = %v, want ErrUnroutable", err)
+	if !errors.Is(err, rabbitbroker.ErrUnroutable) || !errors.Is(err, broker.ErrRejected) {
+		t.Fatalf("Publish to an unbound routing key = %v, want ErrUnroutable (and broker.ErrRejected)", err)
 	}
 	// One unroutable message fails the batch; the others are stored.
 	s := subscriber(t, x.subConfig(t, "g"))
 	batch := append(msgs(x.Topic, "ok", 3), &broker.Message{ID: "lost", Topic: "nobody-listens"})
-	if err := p.Publish(ctxT(t, 30*time.Second), batch...); !errors.Is(err, rabbitbroker.ErrUnroutable) || !containsAll(err.Error(), "lost", "1 of 4") {
+	if err := p.Publish(ctxT(t, 30*time.Second), batch...); !errors.Is(err, rabbitbroker.ErrUnroutable) || !errors.Is(err, broker.ErrRejected) || !containsAll(err.Error(), "lost", "1 of 4") {
 		t.Fatalf("mixed batch: %v, want ErrUnroutable naming lost, 1 of 4", err)
 	}
 	for _, m := range fetchN(t, s, 3, 10*time.Second) {
@@ -157,8 +157,8 @@ func TestPublishUnroutableAndWithoutID(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := p.Publish(ctxT(t, 5*time.Second), &broker.Message{Topic: x.Topic}); !errors.Is(err, idem.ErrInvalidArgument) {
-		t.Fatalf("Publish without ID = %v, want ErrInvalidArgument", err)
+	if err := p.Publish(ctxT(t, 5*time.Second), &broker.Message{Topic: x.Topic}); !errors.Is(err, idem.ErrInvalidArgument) || !errors.Is(err, broker.ErrRejected) {
+		t.Fatalf("Publish without ID = %v, want ErrInvalidArgument and broker.ErrRejected", err)
 	}
 }
 
