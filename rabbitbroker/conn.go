@@ -21,8 +21,10 @@ import (
 var ErrDeliveryLost = fmt.Errorf("rabbitbroker: delivery's channel is closed (%w)", broker.ErrDeliveryLost)
 
 // ErrUnroutable: the broker returned a mandatory message because no queue
-// is bound for its routing key; it was not stored.
-var ErrUnroutable = errors.New("rabbitbroker: message unroutable (no queue bound for its routing key)")
+// is bound for its routing key; it was not stored. It wraps
+// broker.ErrRejected (the outbox relay counts its attempts even while the
+// broker takes nothing else).
+var ErrUnroutable = fmt.Errorf("rabbitbroker: message unroutable (no queue bound for its routing key) (%w)", broker.ErrRejected)
 
 // ErrNotReady: no connection to the broker (yet); see WaitReady.
 var ErrNotReady = errors.New("rabbitbroker: not connected")

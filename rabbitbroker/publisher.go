@@ -124,7 +124,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 
 func (p *Publisher) toAMQP(ctx context.Context, m *broker.Message) (outgoing, error) {
 	if m.ID == "" {
-		return outgoing{}, fmt.Errorf("%w: rabbitbroker: message without ID (ids are fixed by the producer)", idem.ErrInvalidArgument)
+		return outgoing{}, fmt.Errorf("%w: rabbitbroker: message without ID (ids are fixed by the producer): %w", idem.ErrInvalidArgument, broker.ErrRejected)
 	}
 	m = broker.InjectTrace(ctx, m)
 	h := make(amqp.Table, len(m.Headers)+2)
