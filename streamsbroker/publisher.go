@@ -71,7 +71,9 @@ func (p *Publisher) call(ctx context.Context, m *broker.Message) (*pubCall, erro
 // first error. A message whose id is in its stream's dedup window counts as
 // published: the first copy is there. An error means some messages may not
 // have been added: a lost reply is idem.ErrUnknownOutcome, Redis
-// unreachable idem.ErrUnavailable, a full stream ErrStreamFull. Publishing
+// unreachable idem.ErrUnavailable, a full stream ErrStreamFull, an invalid
+// message (no ID, bad stream name, too many headers) broker.ErrRejected
+// and idem.ErrInvalidArgument (nothing sent). Publishing
 // the same ids again is safe within DedupWindow (and the consumer's guard
 // drops a duplicate beyond it).
 func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error {
@@ -93,7 +95,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	for i, m := range msgs {
 		c, err := p.call(ctx, m)
 		if err != nil {
-			return err
+			// The message itself is invalid: refused again on every try.
+			return fmt.Errorf("%w: %w", broker.ErrRejected, err)
 		}
 		calls[i] = c
 	}
