@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -132,10 +133,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 
 func (p *Publisher) toNats(ctx context.Context, m *broker.Message) (*nats.Msg, error) {
 	if m.ID == "" {
-		return nil, fmt.Errorf("natsbroker: message without ID (ids are fixed by the producer)")
+		return nil, fmt.Errorf("natsbroker: message without ID (ids are fixed by the producer): %w", broker.ErrRejected)
 	}
 	if m.Topic == "" {
-		return nil, fmt.Errorf("natsbroker: message %s without Topic", m.ID)
+		return nil, fmt.Errorf("natsbroker: message %s without Topic: %w", m.ID, broker.ErrRejected)
 	}
 	m = broker.InjectTrace(ctx, m)
 	nm := nats.NewMsg(m.Topic)
@@ -179,7 +180,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 			return err
 		}
 		if _, err := p.cfg.JS.PublishMsg(ctx, nm, p.opts(msgs[0])...); err != nil {
-			return fmt.Errorf("natsbroker: publish %s: %w", msgs[0].ID, err)
+			return p.pubErr("natsbroker: publish "+msgs[0].ID, err)
 		}
 		return nil
 	}
@@ -191,7 +192,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 		}
 		f, err := p.cfg.JS.PublishMsgAsync(nm, p.opts(m)...)
 		if err != nil {
-			return fmt.Errorf("natsbroker: publish %s: %w", m.ID, err)
+			return p.pubErr("natsbroker: publish "+m.ID, err)
 		}
 		futs = append(futs, f)
 	}
@@ -199,12 +200,43 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			return fmt.Errorf("natsbroker: publish %s: %w", msgs[i].ID, err)
+			return p.pubErr("natsbroker: publish "+msgs[i].ID, err)
 		case <-ctx.Done():
 			return fmt.Errorf("natsbroker: publish ack for %s: %w", msgs[i].ID, ctx.Err())
 		}
 	}
 	return nil
+}
+
+// pubErr classifies a publish error, keeping the client's in the chain:
+// a message the server or client refuses itself (larger than the server's
+// max payload or the stream's MaxMsgSize) wraps broker.ErrRejected; a
+// closed connection wraps idem.ErrUnavailable and nats.ErrConnectionClosed
+// (the client's async publish reports it as text only).
+func (p *Publisher) pubErr(what string, err error) error {
+	var api *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload),
+		errors.As(err, &api) && api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return fmt.Errorf("%s: %w: %w", what, broker.ErrRejected, err)
+	case errors.Is(err, nats.ErrConnectionClosed):
+		return fmt.Errorf("%s: %w: %w", what, idem.ErrUnavailable, err)
+	case connClosed(p.cfg.JS):
+		return fmt.Errorf("%s: %w: %w (%w)", what, idem.ErrUnavailable, nats.ErrConnectionClosed, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// connClosed: js's connection is closed (false when it cannot tell, e.g.
+// a test double without a connection).
+func connClosed(js jetstream.JetStream) (closed bool) {
+	defer func() {
+		if recover() != nil {
+			closed = false
+		}
+	}()
+	c := js.Conn()
+	return c != nil && c.IsClosed()
 }
 
 // Close stops the publisher; the connection stays open (the caller owns it).
