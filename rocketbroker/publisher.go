@@ -127,7 +127,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*broker.Message) error 
 	for i, m := range msgs {
 		rm, err := toRocket(ctx, m)
 		if err != nil {
-			return err
+			// The message itself is invalid: refused again on every try.
+			return fmt.Errorf("%w: %w", broker.ErrRejected, err)
 		}
 		out[i] = rm
 	}
