@@ -12,27 +12,10 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/broker"
+	"github.com/idem-dev/idem/internal/clocktest"
 	"github.com/idem-dev/idem/outbox"
 	"github.com/idem-dev/idem/outbox/memoutbox"
 )
-
-// manualClock is moved by the test only.
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *manualClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // scriptedPublisher fails what fail says (nil: publish) and records what
 // it published.
@@ -71,7 +54,7 @@ func (p *scriptedPublisher) published() []string {
 }
 
 type outageRig struct {
-	clock  *manualClock
+	clock  *clocktest.Manual
 	ob     *memoutbox.Outbox
 	pub    *scriptedPublisher
 	relay  *outbox.Relay
@@ -84,7 +67,7 @@ func newOutageRig(t *testing.T) *outageRig { return newOutageRigWith(t, nil) }
 
 func newOutageRigWith(t *testing.T, pub broker.Publisher) *outageRig {
 	t.Helper()
-	g := &outageRig{clock: &manualClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}
+	g := &outageRig{clock: clocktest.New()}
 	g.ob = memoutbox.New(memoutbox.Config{Clock: g.clock})
 	g.pub = &scriptedPublisher{fail: func(*broker.Message) error { return nil }}
 	cfg := outbox.Config{Backend: g.ob, Publisher: g.pub}
@@ -120,7 +103,7 @@ func (g *outageRig) enqueue(t *testing.T, ids ...string) {
 // runs one claim-publish-settle round.
 func (g *outageRig) round(t *testing.T) int {
 	t.Helper()
-	g.clock.Add(12 * time.Second)
+	g.clock.Advance(12 * time.Second)
 	n, err := g.relay.RunOnce(context.Background())
 	if err != nil {
 		t.Fatalf("RunOnce: %v", err)
@@ -190,19 +173,26 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 	}
 }
 
-// TestRejectedFailsDuringOutage: a message the broker refuses
-// (broker.ErrRejected) uses up its attempts and fails after the default 3,
-// during the same run, whether other messages are published beside it or
-// the broker takes nothing else.
-func TestRejectedFailsDuringOutage(t *testing.T) {
+// TestOwnFailuresCount: a message's own failures use up its attempts and
+// fail it after the default 3, during the same run: a message the broker
+// refuses (broker.ErrRejected, even when it also says unavailable),
+// whether other messages are published beside it or the broker takes
+// nothing else; a message failing, even with an outage-class error, in
+// rounds in which the broker took other messages; and an error the relay
+// cannot classify, alone in its round (as before).
+func TestOwnFailuresCount(t *testing.T) {
 	rejected := fmt.Errorf("kafka: MESSAGE_TOO_LARGE: %w", broker.ErrRejected)
-	// Even wrapped with idem.ErrUnavailable, rejected wins.
-	both := fmt.Errorf("%w: %w", idem.ErrUnavailable, broker.ErrRejected)
 	for _, tc := range []struct {
 		name  string
 		err   error
 		other bool // others published beside it
-	}{{"Alone", rejected, false}, {"WithOthers", rejected, true}, {"AlsoUnavailable", both, false}} {
+	}{
+		{"RejectedAlone", rejected, false},
+		{"RejectedWithOthers", rejected, true},
+		{"RejectedAlsoUnavailable", fmt.Errorf("%w: %w", idem.ErrUnavailable, broker.ErrRejected), false},
+		{"UnavailableBesideAccepted", fmt.Errorf("%w: stream full", idem.ErrUnavailable), true},
+		{"UnclassifiedAlone", errors.New("broker says no"), false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newOutageRig(t)
 			g.enqueue(t, "bad")
@@ -224,46 +214,11 @@ func TestRejectedFailsDuringOutage(t *testing.T) {
 			g.mu.Lock()
 			e := g.failed[0]
 			g.mu.Unlock()
-			if e.Row.Attempts != 3 || !errors.Is(e.Err, broker.ErrRejected) {
+			if e.Row.Attempts != 3 || !errors.Is(e.Err, tc.err) {
 				t.Fatalf("failed event %+v", e)
 			}
 			if tc.other && len(g.pub.published()) != 3 {
 				t.Fatalf("published %v", g.pub.published())
-			}
-		})
-	}
-}
-
-// TestFailureBesideAcceptedCounts: a message failing, even with an
-// outage-class error, in a round in which the broker took other messages
-// is its own failure: it counts, and fails after 3. So does an error the
-// relay cannot classify, alone in its round (as before).
-func TestFailureBesideAcceptedCounts(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		err   error
-		other bool
-	}{
-		{"UnavailableBesideAccepted", fmt.Errorf("%w: stream full", idem.ErrUnavailable), true},
-		{"UnclassifiedAlone", errors.New("broker says no"), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			g := newOutageRig(t)
-			g.enqueue(t, "x")
-			g.pub.setFail(func(m *broker.Message) error {
-				if m.ID == "x" {
-					return tc.err
-				}
-				return nil
-			})
-			for i := range 3 {
-				if tc.other {
-					g.enqueue(t, fmt.Sprint("ok", i))
-				}
-				g.round(t)
-			}
-			if ids := g.failedIDs(); !slices.Equal(ids, []string{"x"}) {
-				t.Fatalf("failed %v, want [x] after 3 attempts", ids)
 			}
 		})
 	}
