@@ -101,6 +101,11 @@ type Config struct {
 	Timing      Timing
 	// Strict (CI): a fault that hit no in-flight work fails its cell.
 	Strict bool
+	// LateDuplicates: as a store outage or partition ends (a store
+	// restart, once the store is up), publish again every message whose
+	// completion went unrecorded during it, and hold the fault a
+	// store-down delay and a half longer (see cell.lateDuplicates).
+	LateDuplicates bool
 	// NoNetNS runs the workers in the host's network namespace (the
 	// partition scenario then fails: it needs one).
 	NoNetNS bool

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/broker"
 	"github.com/idem-dev/idem/chaos/internal/shm"
 	"github.com/idem-dev/idem/e2etest"
 )
@@ -323,7 +324,7 @@ func (c *cell) restartStore(ctx context.Context) {
 	if !ok {
 		return
 	}
-	e0 := c.storeErrors()
+	e0, began := c.storeErrors(), time.Now()
 	if err := c.storeSrv.Crash(); err != nil {
 		c.problem("crash store: %v", err)
 		return
@@ -334,11 +335,12 @@ func (c *cell) restartStore(ctx context.Context) {
 		c.problem("restart store: %v", err)
 		return
 	}
+	late := c.lateDuplicates(ctx, began)
 	waitFor(ctx, 10*time.Second, func() bool { return c.storeErrors() > e0 })
 	errs := c.storeErrors() - e0
 	c.addFault(Fault{Kind: "store restart", Target: c.Store, Hit: v[shm.InHandler] > 0 && errs > 0,
-		Evidence: fmt.Sprintf("%d claims in handlers, %d deliveries unsettled when it died; down %s; %d store errors after",
-			v[shm.InHandler], v[shm.Unsettled], down.Round(time.Millisecond), errs)})
+		Evidence: fmt.Sprintf("%d claims in handlers, %d deliveries unsettled when it died; down %s; %d store errors after%s",
+			v[shm.InHandler], v[shm.Unsettled], down.Round(time.Millisecond), errs, late)})
 }
 
 func (c *cell) restartBroker(ctx context.Context) {
@@ -421,20 +423,21 @@ func (c *cell) partition(ctx context.Context) {
 	if !ok {
 		return
 	}
-	e0 := c.storeErrors()
+	e0, began := c.storeErrors(), time.Now()
 	if err := ns.Partition(true); err != nil {
 		c.problem("partition: %v", err)
 		return
 	}
 	d := c.r.cfg.Timing.lease() + c.between(time.Second, 3*time.Second)
 	time.Sleep(d)
+	late := c.lateDuplicates(ctx, began)
 	during, errs := c.live(), c.storeErrors()-e0
 	if err := ns.Partition(false); err != nil {
 		c.problem("heal partition: %v", err)
 	}
 	c.addFault(Fault{Kind: "partition", Target: c.Store, Hit: v[shm.InHandler] > 0,
-		Evidence: fmt.Sprintf("%s with %d claims in handlers; meanwhile %d store errors, %d effects completed",
-			d.Round(time.Millisecond), v[shm.InHandler], errs, during[shm.Handled]-v[shm.Handled])})
+		Evidence: fmt.Sprintf("%s with %d claims in handlers; meanwhile %d store errors, %d effects completed%s",
+			d.Round(time.Millisecond), v[shm.InHandler], errs, during[shm.Handled]-v[shm.Handled], late)})
 }
 
 // outageLength outlasts the lease, the guard's settle window (a lease),
@@ -455,20 +458,74 @@ func (c *cell) outage(ctx context.Context) {
 	if !ok {
 		return
 	}
-	e0 := c.storeErrors()
+	e0, began := c.storeErrors(), time.Now()
 	if err := c.proxy.Down(true); err != nil {
 		c.problem("outage: %v", err)
 		return
 	}
 	d := c.outageLength()
 	time.Sleep(d)
+	late := c.lateDuplicates(ctx, began)
 	errs := c.storeErrors() - e0
 	if err := c.proxy.Down(false); err != nil {
 		c.problem("end outage: %v", err)
 	}
 	c.addFault(Fault{Kind: "outage", Target: c.Store, Hit: v[shm.InHandler] > 0 && errs > 0,
-		Evidence: fmt.Sprintf("%s with %d claims in handlers, %d deliveries unsettled; %d store errors during it",
-			d.Round(time.Millisecond), v[shm.InHandler], v[shm.Unsettled], errs)})
+		Evidence: fmt.Sprintf("%s with %d claims in handlers, %d deliveries unsettled; %d store errors during it%s",
+			d.Round(time.Millisecond), v[shm.InHandler], v[shm.Unsettled], errs, late)})
+}
+
+// lateDuplicates (Config.LateDuplicates) publishes once more, straight
+// to the broker (no dedup), every message whose completion went
+// unrecorded since since: the guards' completions answered ErrUnrecorded
+// (the pending rows) and the consumers' acks of them (the unrecorded
+// rows; the same messages unless a consumer ignored the error), and waits
+// a store-down delay and a half, so that they are fetched: called as an
+// outage or a partition ends (after a store restart, once it is up), they
+// are claimed while the guard that ran them may still be recording their
+// completions in the background, the leases lapsed. The process that ran
+// one must answer its own claim in progress (the guard's holding set),
+// never claim it again: that re-run is a duplicate effect. Another
+// process may take a lapsed key over (the window of docs/guard.md), which
+// the check accepts only with the first holder's unrecorded ack. It says
+// what it did, for the fault's evidence.
+func (c *cell) lateDuplicates(ctx context.Context, since time.Time) string {
+	if !c.r.cfg.LateDuplicates {
+		return ""
+	}
+	// Not the loop's ctx: a fault that ends with the loop still heals.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	rows, err := c.ledger.Query(ctx, `SELECT msg_id FROM `+c.name+`.unrecorded WHERE at >= $1
+		UNION SELECT msg_id FROM `+c.name+`.pending WHERE at >= $1`, since)
+	if err != nil {
+		return fmt.Sprintf("; unrecorded completions not read: %v", err)
+	}
+	var msgs []*broker.Message
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			break
+		}
+		if i, ok := e2etest.Index(id); ok {
+			msgs = append(msgs, e2etest.Message(c.spec.Broker.Topic, i))
+		}
+	}
+	rows.Close()
+	if len(msgs) == 0 {
+		return ""
+	}
+	pub, err := c.admin.publisher(false)
+	if err != nil {
+		return fmt.Sprintf("; %d unrecorded completions, not published again: %v", len(msgs), err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(ctx, msgs...); err != nil {
+		return fmt.Sprintf("; %d unrecorded completions, not published again: %v", len(msgs), err)
+	}
+	c.published.Add(int64(len(msgs)))
+	time.Sleep(c.r.cfg.Timing.storeDownDelay() * 3 / 2)
+	return fmt.Sprintf("; %d messages whose completion went unrecorded, published again", len(msgs))
 }
 
 func (c *cell) clockStep(ctx context.Context) {

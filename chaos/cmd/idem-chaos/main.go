@@ -56,6 +56,7 @@ func run() int {
 	flag.IntVar(&cfg.Workers, "workers", 0, "handler concurrency of each consumer process (0: the consumer runtime's default, 16)")
 	flag.IntVar(&cfg.MaxCrashes, "max-crashes", 6, "named-crash-point deaths per cell")
 	flag.BoolVar(&cfg.Strict, "strict", false, "a fault that hit no in-flight work fails its cell (CI)")
+	flag.BoolVar(&cfg.LateDuplicates, "late-duplicates", false, "as a store outage, partition or restart ends, publish again the messages whose completion went unrecorded during it (catches a process claiming its own held keys again, or acking an unrecorded completion silently)")
 	flag.BoolVar(&cfg.NoNetNS, "no-netns", false, "run workers in the host's network namespace (the partition scenario then fails)")
 	flag.StringVar(&cfg.Dir, "dir", "", "directory for servers' data and workers' logs (default: temporary, removed after a passing run)")
 	flag.DurationVar(&cfg.ProgressEvery, "progress", 0, "log each cell's committed messages, ledger rows and rate this often (0: never)")
