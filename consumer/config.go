@@ -200,7 +200,10 @@ type Config struct {
 	// already fetched are handled and settled within it; held ones are
 	// handed back at once; what is left after it is handed back too (a
 	// nak, or a dead letter for a message on its last broker delivery).
-	// Default 30s.
+	// A handler still running then has its context cancelled: an effect
+	// that committed before the call returned the context's error may run
+	// again elsewhere, as after a crash, unless it is transactional or
+	// fenced by the token. Size it for a full drain. Default 30s.
 	ShutdownTimeout time.Duration
 
 	Logger *slog.Logger
