@@ -106,16 +106,6 @@ func testEndToEnd(t *testing.T, backend, mode string) {
 		default:
 			cfg = ledger.ConsumerConfig(cs, guard, e2etest.Single)
 		}
-		// The handover is a complete drain of up to MaxInFlight (4,000)
-		// fetched messages. At CI load (~35 msgs/s in pgstore/single) it
-		// outlasted the default 30 s ShutdownTimeout once: a handler still
-		// running then had its context cancelled after its autocommitted
-		// insert, returned "context canceled", its claim was released and
-		// consumer 2 ran the effect again (msg-0001704 x2). That is the
-		// documented ShutdownTimeout window for an effect that is neither
-		// transactional nor fenced (docs/consumer.md); a crash mid-drain is
-		// TestEndToEndFaults' part.
-		cfg.ShutdownTimeout = 5 * time.Minute
 		c, err := consumer.New(cfg)
 		if err != nil {
 			t.Fatal(err)
