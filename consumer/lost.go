@@ -77,12 +77,7 @@ func (c *Consumer) letGo(ctx context.Context, d *delivery) []*hold {
 	d.followers = nil
 	var hs []*hold
 	for _, f := range fs {
-		if f.isLost() {
-			if c.claim(f) {
-				c.done(f)
-			}
-			continue
-		}
+		// nakOrHold lets go of a follower lost itself (it has no followers).
 		hs = append(hs, c.nakOrHold(ctx, f, 0, "the first delivery of its key in the batch was lost")...)
 	}
 	return hs
